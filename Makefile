@@ -1,0 +1,47 @@
+# Every target sets itself up on a fresh machine: system packages (Java, Maven,
+# kcat), a virtual environment with redrive and its dependencies, the broker jars.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.redrive-installed
+SYSTEM_STAMP := $(VENV)/.redrive-system
+PYTEST_ARGS ?=
+
+.PHONY: setup demo test bench lint format clean
+
+$(SYSTEM_STAMP): scripts/install-system-deps.sh
+	@scripts/install-system-deps.sh
+	@mkdir -p $(VENV) && touch $@
+
+$(STAMP): pyproject.toml $(SYSTEM_STAMP)
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "redrive needs Python 3.11+ (set PYTHON=...)")'
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@echo "redrive set-up: installing Python dependencies into $(VENV)"
+	@$(BIN)/python -m pip install -q --disable-pip-version-check -U pip
+	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[service,dev]'
+	@touch $@
+
+setup: $(STAMP)
+	@$(BIN)/redrive local fetch >/dev/null
+
+demo: setup
+	@$(BIN)/redrive demo
+
+test: setup lint
+	@$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	@$(BIN)/ruff check src tests bench
+	@$(BIN)/ruff format --check src tests bench
+	@$(BIN)/mypy
+
+format: $(STAMP)
+	@$(BIN)/ruff format src tests bench
+	@$(BIN)/ruff check --fix src tests bench
+
+bench: setup
+	@$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build src/*.egg-info

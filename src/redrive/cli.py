@@ -1,0 +1,201 @@
+"""The `redrive` command."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from redrive import __version__
+from redrive.errors import RedriveError
+
+if TYPE_CHECKING:
+    from redrive.local import LocalStack, StackStatus
+
+app = typer.Typer(
+    help="redrive: retries and dead letters for Kafka consumers.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+local_app = typer.Typer(help="The local stack: a real Kafka broker and an embedded PostgreSQL.")
+app.add_typer(local_app, name="local")
+
+StateDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--state-dir",
+        help="Folder for the stack's data, logs and pids [env REDRIVE_STATE_DIR; "
+        "default ~/.local/state/redrive].",
+    ),
+]
+
+
+def _stack(state: Path | None) -> LocalStack:
+    from redrive.local import LocalStack
+
+    return LocalStack(state.resolve() if state else None)
+
+
+@app.command()
+def version() -> None:
+    """Print redrive's version."""
+    typer.echo(__version__)
+
+
+@app.command()
+def demo(
+    oneshot: Annotated[
+        bool, typer.Option(envvar="DEMO_ONESHOT", help="Run the scenario once and exit.")
+    ] = False,
+) -> None:
+    """Run the demo on the local stack."""
+    from redrive.demo import run
+
+    raise typer.Exit(run(oneshot=oneshot))
+
+
+@app.command()
+def serve(
+    config: Annotated[
+        Path | None, typer.Option(help="YAML settings file [env REDRIVE_CONFIG].")
+    ] = None,
+    bootstrap: Annotated[
+        str | None, typer.Option(help="Kafka bootstrap servers; unset: the local stack.")
+    ] = None,
+    database_url: Annotated[
+        str | None, typer.Option(help="PostgreSQL URL; unset: the embedded PostgreSQL.")
+    ] = None,
+    http_port: Annotated[int | None, typer.Option(help="HTTP port (0: any). [8080]")] = None,
+    role: Annotated[
+        list[str] | None,
+        typer.Option(help="Run only this role (intake, scheduler); repeatable. [all]"),
+    ] = None,
+    allow: Annotated[
+        list[str] | None,
+        typer.Option(help="Allowed destination topic or glob; repeatable. [*]"),
+    ] = None,
+) -> None:
+    """Run the retry service: intake, scheduler and the dead-letter store.
+
+    Every setting is also an environment variable (REDRIVE_<NAME>) and a key of the
+    YAML file; see docs/retry-service.md.
+    """
+    from redrive.logs import configure
+    from redrive.service.config import load_settings
+    from redrive.service.service import RetryService
+
+    settings = load_settings(
+        config, bootstrap=bootstrap, database_url=database_url, http_port=http_port,
+        roles=role or None, allowed_destinations=allow or None,
+    )  # fmt: skip
+    configure(settings.log_format)
+    service = RetryService(settings)
+    service.start()
+    typer.echo(
+        f"redrive serve: listening on http://{settings.http_host}:{service.http_port} "
+        f"(/metrics /healthz /readyz); kafka {service.bootstrap}; "
+        f"requests topic {settings.requests_topic}; roles {', '.join(settings.roles)}"
+    )
+    raise typer.Exit(service.run_until_signal())
+
+
+@local_app.command("up")
+def local_up(
+    state: StateDir = None,
+    kafka_port: Annotated[
+        int | None,
+        typer.Option(
+            help="Broker port on 127.0.0.1 (controller: the next one); 0 for any. "
+            "[default 9092, or the port of the last `up`]"
+        ),
+    ] = None,
+    postgres_port: Annotated[
+        int | None,
+        typer.Option(help="PostgreSQL port on 127.0.0.1; 0 for any. [default 55432]"),
+    ] = None,
+) -> None:
+    """Start the local Kafka broker and PostgreSQL (harmless if they already run)."""
+    status = _stack(state).up(kafka_port, postgres_port)
+    _print_status(status)
+
+
+@local_app.command("down")
+def local_down(state: StateDir = None) -> None:
+    """Stop exactly the processes `up` started (by their recorded pids)."""
+    stopped = _stack(state).down()
+    typer.echo("stopped: " + ", ".join(stopped) if stopped else "nothing was running")
+
+
+@local_app.command("status")
+def local_status(
+    state: StateDir = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Print the bootstrap address, the database URL and whether each is healthy.
+
+    Exits 0 if both are healthy, 1 otherwise.
+    """
+    status = _stack(state).status()
+    if as_json:
+        typer.echo(json.dumps({
+            "state_dir": str(status.state_dir),
+            "bootstrap": status.bootstrap,
+            "database_url": status.database_url,
+            "kafka": {"running": status.kafka_running, "healthy": status.kafka_healthy},
+            "postgres": {"running": status.postgres_running, "healthy": status.postgres_healthy},
+        }, indent=2))  # fmt: skip
+    else:
+        _print_status(status)
+    raise typer.Exit(0 if status.healthy else 1)
+
+
+@local_app.command("env")
+def local_env(state: StateDir = None) -> None:
+    """Print shell exports pointing redrive at the local stack: eval "$(redrive local env)"."""
+    status = _stack(state).status()
+    typer.echo(f"export REDRIVE_BOOTSTRAP={status.bootstrap}")
+    typer.echo(f"export REDRIVE_DATABASE_URL='{status.database_url}'")
+
+
+@local_app.command("fetch")
+def local_fetch() -> None:
+    """Download the broker jars into the cache now (up does it on first use)."""
+    from redrive.local.kafka import fetch_jars
+
+    typer.echo(f"Kafka jars: {fetch_jars()}")
+
+
+def _print_status(status: StackStatus) -> None:
+    def word(running: bool, healthy: bool) -> str:
+        return "healthy" if healthy else ("running, not answering" if running else "stopped")
+
+    typer.echo(
+        f"kafka     {word(status.kafka_running, status.kafka_healthy):<8}  {status.bootstrap}"
+    )
+    typer.echo(
+        f"postgres  {word(status.postgres_running, status.postgres_healthy):<8}  "
+        f"{status.database_url}"
+    )
+    typer.echo(f"state     {status.state_dir}")
+
+
+def main() -> None:
+    """Entry point: user errors print as one clear message, not a stack trace."""
+    try:
+        app()
+    except RedriveError as exc:
+        print(f"redrive: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    finally:
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()

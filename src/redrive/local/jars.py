@@ -1,0 +1,79 @@
+"""JVM jars from Maven Central, fetched once into the cache with Maven itself.
+
+Each set of jars is described by a pom shipped in the package; `fetch` runs
+`mvn dependency:copy-dependencies` on it into `<cache>/jars/<name>` and marks the
+folder complete only when Maven succeeded, so an interrupted download is redone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from redrive.errors import ConfigError
+from redrive.local.paths import cache_dir, resource
+
+_DOWNLOADED = re.compile(r"Downloaded from \S+: \S+/([^/\s]+\.jar)")
+
+
+def jar_dir(pom_name: str) -> Path:
+    """The cache folder for one pom's jars; a changed pom gets a new folder."""
+    pom = resource(pom_name)
+    digest = hashlib.sha256(pom.read_bytes()).hexdigest()[:12]
+    return cache_dir() / "jars" / f"{pom.stem}-{digest}"
+
+
+def is_fetched(pom_name: str) -> bool:
+    return (jar_dir(pom_name) / ".complete").exists()
+
+
+def fetch(pom_name: str, what: str, *, quiet: bool = False) -> Path:
+    """Make sure the jars of `pom_name` are in the cache; download them on first use."""
+    target = jar_dir(pom_name)
+    if (target / ".complete").exists():
+        return target
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise ConfigError(
+            "mvn",
+            f"Maven is needed once to fetch {what} from Maven Central and is not on PATH",
+            "install it (apt-get install maven) or put it on PATH, then run again",
+        )
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
+    if not quiet:
+        print(f"Fetching {what} from Maven Central into {target} (first run only)...", flush=True)
+    cmd = [
+        mvn, "-B", "-f", str(resource(pom_name)),
+        "dependency:copy-dependencies",
+        f"-DoutputDirectory={target}", "-DincludeScope=runtime",
+    ]  # fmt: skip
+    log_lines: list[str] = []
+    count = 0
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            log_lines.append(line.rstrip())
+            match = _DOWNLOADED.search(line)
+            if match and not quiet:
+                count += 1
+                print(f"  [{count:3d}] {match.group(1)}", flush=True)
+        rc = proc.wait()
+    if rc != 0:
+        tail = "\n".join(log_lines[-25:])
+        print(tail, file=sys.stderr)
+        raise ConfigError(
+            "mvn",
+            f"Maven could not fetch {what} (exit code {rc}); its last lines are above",
+            "check that Maven Central is reachable and run again; nothing was cached",
+        )
+    (target / ".complete").write_text("ok\n")
+    if not quiet:
+        n = len(list(target.glob("*.jar")))
+        print(f"Fetched {n} jars for {what}.", flush=True)
+    return target

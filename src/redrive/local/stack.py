@@ -1,0 +1,158 @@
+"""The local stack: one Kafka broker and one PostgreSQL server under a state folder.
+
+`stack.json` in the state folder remembers the ports chosen at the first `up`, so
+later commands (`status`, `redrive serve`, the demo) find the same servers.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from redrive.errors import ConfigError
+from redrive.local.kafka import LocalKafka
+from redrive.local.paths import state_dir
+from redrive.local.postgres import LocalPostgres
+from redrive.local.process import free_port
+
+DEFAULT_KAFKA_PORT = 9092
+DEFAULT_POSTGRES_PORT = 55432
+
+
+@dataclass(frozen=True)
+class StackPorts:
+    kafka: int
+    kafka_controller: int
+    postgres: int
+
+
+@dataclass(frozen=True)
+class StackStatus:
+    state_dir: Path
+    bootstrap: str
+    database_url: str
+    kafka_running: bool
+    kafka_healthy: bool
+    postgres_running: bool
+    postgres_healthy: bool
+
+    @property
+    def healthy(self) -> bool:
+        return self.kafka_healthy and self.postgres_healthy
+
+
+class LocalStack:
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = root or state_dir()
+        self.settings_file = self.root / "stack.json"
+
+    def saved_ports(self) -> StackPorts | None:
+        try:
+            return StackPorts(**json.loads(self.settings_file.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def _choose_ports(self, kafka_port: int | None, postgres_port: int | None) -> StackPorts:
+        saved = self.saved_ports()
+        if kafka_port is None:
+            kafka_port = saved.kafka if saved else DEFAULT_KAFKA_PORT
+        if postgres_port is None:
+            postgres_port = saved.postgres if saved else DEFAULT_POSTGRES_PORT
+        # Port 0 asks for any free port (tests run beside a developer's own stack);
+        # otherwise the controller listens on the port after the broker's.
+        if kafka_port == 0:
+            kafka_port, controller = free_port(), free_port()
+        elif saved and saved.kafka == kafka_port:
+            controller = saved.kafka_controller
+        else:
+            controller = kafka_port + 1
+        postgres_port = postgres_port or free_port()
+        for name, port in (("--kafka-port", kafka_port), ("--postgres-port", postgres_port)):
+            if not 0 < port < 65536:
+                raise ConfigError(name, f"{port} is not a TCP port", "use 1..65535, or 0 for any")
+        return StackPorts(kafka=kafka_port, kafka_controller=controller, postgres=postgres_port)
+
+    def ports(self) -> StackPorts:
+        saved = self.saved_ports()
+        if saved is None:
+            raise ConfigError(
+                "local stack",
+                f"no local stack in {self.root}",
+                "start one with: redrive local up",
+            )
+        return saved
+
+    def kafka(self, ports: StackPorts | None = None) -> LocalKafka:
+        p = ports or self.ports()
+        return LocalKafka(self.root / "kafka", p.kafka, p.kafka_controller)
+
+    def postgres(self, ports: StackPorts | None = None) -> LocalPostgres:
+        p = ports or self.ports()
+        return LocalPostgres(self.root / "postgres", p.postgres)
+
+    def up(
+        self,
+        kafka_port: int | None = None,
+        postgres_port: int | None = None,
+        *,
+        quiet: bool = False,
+        kafka: bool = True,
+        postgres: bool = True,
+    ) -> StackStatus:
+        """Start whatever is not running yet; harmless when everything already runs.
+
+        `kafka` / `postgres` False leave that server alone (e.g. `redrive serve` given a
+        database URL needs only the local broker).
+        """
+        saved = self.saved_ports()
+        if saved is not None and (self.kafka(saved).running() or self.postgres(saved).running()):
+            wanted = (kafka_port or saved.kafka, postgres_port or saved.postgres)
+            if wanted != (saved.kafka, saved.postgres):
+                raise ConfigError(
+                    "local stack ports",
+                    f"the stack in {self.root} already runs on kafka {saved.kafka}, "
+                    f"postgres {saved.postgres}",
+                    "run `redrive local down` first to change ports",
+                )
+            ports = saved
+        else:
+            ports = self._choose_ports(kafka_port, postgres_port)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.settings_file.write_text(json.dumps(asdict(ports), indent=2) + "\n")
+        broker, database = self.kafka(ports), self.postgres(ports)
+        # Check everything before starting anything, so a bad setting leaves nothing behind.
+        if kafka and not broker.running():
+            broker.preflight()
+        if postgres and not database.running():
+            database.preflight()
+        if postgres:
+            database.start(quiet=quiet)
+        if kafka:
+            broker.start(quiet=quiet)
+        return self.status()
+
+    def down(self) -> list[str]:
+        """Stop what `up` started, by recorded pid. Returns the names of what was stopped."""
+        saved = self.saved_ports()
+        if saved is None:
+            return []
+        stopped = []
+        if self.kafka(saved).stop():
+            stopped.append("kafka")
+        if self.postgres(saved).stop():
+            stopped.append("postgres")
+        return stopped
+
+    def status(self) -> StackStatus:
+        ports = self.ports()
+        kafka, postgres = self.kafka(ports), self.postgres(ports)
+        return StackStatus(
+            state_dir=self.root,
+            bootstrap=kafka.bootstrap,
+            database_url=postgres.url() if postgres.password_file.exists() else "",
+            kafka_running=kafka.running(),
+            kafka_healthy=kafka.healthy(),
+            postgres_running=postgres.running(),
+            postgres_healthy=postgres.healthy(),
+        )

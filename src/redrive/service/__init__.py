@@ -1,0 +1,1 @@
+"""The retry service: intake, scheduler and the dead-letter store on PostgreSQL."""

@@ -1,0 +1,136 @@
+"""The retry service's settings: environment variables (REDRIVE_*) and a YAML file.
+
+Precedence, highest first: explicit arguments, environment variables, the YAML file
+(`--config` or REDRIVE_CONFIG), defaults. Everything is validated at start-up; a bad
+value stops the service with a message naming the setting and why.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+from redrive.errors import ConfigError
+
+Role = Literal["intake", "scheduler"]
+ALL_ROLES: tuple[Role, ...] = ("intake", "scheduler")
+_TOPIC = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+
+
+class ServiceSettings(BaseSettings):
+    """Settings of `redrive serve`. Each field is also REDRIVE_<NAME> in the environment."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="REDRIVE_", extra="forbid", env_nested_delimiter="__"
+    )
+
+    bootstrap: str | None = Field(
+        None, description="Kafka bootstrap servers; unset: the local stack's broker."
+    )
+    database_url: str | None = Field(
+        None, description="PostgreSQL URL; unset: the embedded PostgreSQL (the embedded default)."
+    )
+    kafka: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra librdkafka settings for every client (security.protocol, sasl.*, "
+        "ssl.*...).",
+    )
+    requests_topic: str = "redrive.requests"
+    dlq_topic: str = "redrive.dlq"
+    mirror_dead_letters: bool = Field(
+        False, description="Also publish each dead letter to dlq_topic."
+    )
+    allowed_destinations: list[str] = Field(
+        default_factory=lambda: ["*"],
+        description="Topic names or glob patterns a request may target. Internal topics "
+        "(__*) and the requests topic are always refused.",
+    )
+    group_id: str = "redrive-service"
+    roles: list[Role] = Field(default_factory=lambda: list(ALL_ROLES))
+    intake_batch_size: int = Field(500, ge=1, le=100_000)
+    scheduler_batch_size: int = Field(500, ge=1, le=100_000)
+    lease_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="How long a claimed row is reserved before another instance may take it over.",
+    )
+    max_delay_days: float = Field(
+        365.0, gt=0, description="A retry-at further in the future is refused."
+    )
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(8080, ge=0, le=65535)
+    store_retry_max_seconds: float = Field(
+        10.0, gt=0, description="Longest wait between reconnection attempts to PostgreSQL."
+    )
+    log_format: Literal["json", "console"] = "console"
+
+    @field_validator("requests_topic", "dlq_topic")
+    @classmethod
+    def _topic_name(cls, value: str) -> str:
+        if not _TOPIC.match(value) or value in {".", ".."}:
+            raise ValueError(f"{value!r} is not a legal Kafka topic name")
+        return value
+
+    @field_validator("allowed_destinations")
+    @classmethod
+    def _patterns(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            if not pattern or not re.fullmatch(r"[a-zA-Z0-9._\-*?\[\]!]+", pattern):
+                raise ValueError(f"{pattern!r} is not a topic name or glob pattern")
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        yaml_file = os.environ.get("REDRIVE_CONFIG")
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if yaml_file:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=yaml_file))
+        return tuple(sources)
+
+    def destination_allowed(self, topic: str) -> bool:
+        """True if a request may deliver to `topic` (see allowed_destinations)."""
+        if topic.startswith("__") or topic in {self.requests_topic}:
+            return False
+        return any(fnmatch.fnmatchcase(topic, pattern) for pattern in self.allowed_destinations)
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> ServiceSettings:
+    """Load and validate; a problem becomes a ConfigError naming the setting."""
+    if config_file is not None:
+        if not config_file.is_file():
+            raise ConfigError("--config", f"{config_file} is not a readable file")
+        os.environ["REDRIVE_CONFIG"] = str(config_file)
+    try:
+        return ServiceSettings(**{k: v for k, v in overrides.items() if v is not None})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "settings"
+        env = "REDRIVE_" + str(first["loc"][0]).upper() if first["loc"] else ""
+        where = f"{field} ({env})" if env else field
+        count = len(exc.errors())
+        more = f" (and {count - 1} more problem(s))" if count > 1 else ""
+        raise ConfigError(
+            where,
+            f"{first['msg']}; got {first.get('input')!r}{more}",
+            "fix the environment variable or the YAML config file",
+        ) from None
+    except (OSError, ValueError) as exc:  # an unreadable or malformed YAML file
+        raise ConfigError("--config", str(exc), "fix the YAML config file") from None

@@ -1,0 +1,205 @@
+"""Intake: from the requests topic into PostgreSQL, durably, then commit.
+
+The loop reads a batch, classifies each request (a pending retry, or a dead letter
+with its reason), inserts the whole batch in one idempotent transaction, and only
+then commits the batch's offsets. A crash anywhere before the commit means the batch
+is read again, and the unique index on request coordinates makes the re-insert a
+no-op: nothing is lost and nothing is stored twice.
+
+When PostgreSQL is down (or the broker cannot tell whether a destination exists),
+intake keeps the batch, pauses its partitions and keeps polling (so it stays in its
+consumer group without reading more), retries with backoff, and resumes once the
+batch is stored. Nothing is dropped and nothing is skipped.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import structlog
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+
+from redrive.kafka import kafka_headers
+from redrive.service.config import ServiceSettings
+from redrive.service.metrics import ServiceMetrics
+from redrive.service.requests import Incoming, IntakeRules, classify
+from redrive.service.store import DeadLetter, PendingRetry, Store, StoreUnavailable
+from redrive.service.topics import MetadataUnavailable
+
+log = structlog.get_logger("redrive.intake")
+
+DEAD_LETTER_REASON_HEADER = "redrive-dead-letter-reason"
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Intake:
+    def __init__(
+        self,
+        settings: ServiceSettings,
+        kafka_config: dict[str, Any],
+        store: Store,
+        rules: IntakeRules,
+        metrics: ServiceMetrics,
+        stop: threading.Event,
+        on_scheduled: Callable[[int], None] = lambda due_ms: None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.rules = rules
+        self.metrics = metrics
+        self.stop = stop
+        self.on_scheduled = on_scheduled
+        self.consumer = Consumer({
+            **kafka_config,
+            "group.id": settings.group_id,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            "fetch.wait.max.ms": 50,
+        })  # fmt: skip
+        self.mirror = (
+            Producer({**kafka_config, "enable.idempotence": True})
+            if (settings.mirror_dead_letters)
+            else None
+        )
+        self.healthy = True
+
+    def run(self) -> None:
+        """Consume until `stop` is set; then close the consumer (leaving the group)."""
+        self.consumer.subscribe([self.settings.requests_topic])
+        log.info("intake started", topic=self.settings.requests_topic,
+                 group=self.settings.group_id)  # fmt: skip
+        try:
+            while not self.stop.is_set():
+                messages = self.consumer.consume(self.settings.intake_batch_size, timeout=0.2)
+                if messages:
+                    self._handle_batch(messages)
+        finally:
+            self.consumer.close()
+            if self.mirror is not None:
+                self.mirror.flush(10)
+                self.mirror.close()
+            log.info("intake stopped")
+
+    def _handle_batch(self, messages: Sequence[Message]) -> None:
+        incoming = []
+        for msg in messages:
+            error = msg.error()
+            if error is not None:
+                if error.code() != KafkaError._PARTITION_EOF:
+                    log.warning("consume error", error=str(error))
+                continue
+            incoming.append(Incoming.from_message(msg))
+        if not incoming:
+            return
+        self.metrics.received.inc(len(incoming))
+        pending, dead = self._classify_waiting(incoming)
+        if pending is None or dead is None:
+            return  # stopping before the batch was classified: it will be read again
+        if not self._store_waiting(pending, dead):
+            return  # stopping before the batch was stored: it will be read again
+        self._mirror(dead)
+        self._commit(incoming)
+        for letter in dead:
+            assert letter.request is not None
+            log.warning("request refused", topic=letter.request.topic,
+                        partition=letter.request.partition, offset=letter.request.offset,
+                        destination=letter.topic, reason=letter.reason)  # fmt: skip
+        if pending:
+            self.on_scheduled(min(p.due_ms for p in pending))
+
+    def _classify_waiting(
+        self, incoming: list[Incoming]
+    ) -> tuple[list[PendingRetry] | None, list[DeadLetter] | None]:
+        """Classify the batch; while the broker cannot answer metadata, wait paused."""
+        attempt = 0
+        while True:
+            try:
+                now = now_ms()
+                pending: list[PendingRetry] = []
+                dead: list[DeadLetter] = []
+                for item in incoming:
+                    result = classify(item, self.rules, now)
+                    if isinstance(result, PendingRetry):
+                        pending.append(result)
+                    else:
+                        dead.append(result)
+                return pending, dead
+            except MetadataUnavailable as exc:
+                attempt += 1
+                log.warning("topic metadata unavailable; intake waits", error=str(exc),
+                            attempt=attempt)  # fmt: skip
+                if not self._pause_for(attempt):
+                    return None, None
+
+    def _store_waiting(self, pending: list[PendingRetry], dead: list[DeadLetter]) -> bool:
+        """Insert the batch; while PostgreSQL is down, wait paused. False if stopped first."""
+        attempt = 0
+        while True:
+            try:
+                self.store.insert_batch(pending, dead)
+                if attempt:
+                    log.info("store reachable again; intake resumes", after_attempts=attempt)
+                self.healthy = True
+                self.metrics.scheduled.inc(len(pending))
+                for letter in dead:
+                    self.metrics.invalid.labels(letter.reason_code).inc()
+                    self.metrics.dead_lettered.labels(letter.reason_code).inc()
+                return True
+            except StoreUnavailable as exc:
+                attempt += 1
+                self.healthy = False
+                self.metrics.store_errors.labels("insert").inc()
+                log.warning("store unavailable; intake paused, batch kept", error=str(exc),
+                            batch=len(pending) + len(dead), attempt=attempt)  # fmt: skip
+                if not self._pause_for(attempt):
+                    return False
+
+    def _pause_for(self, attempt: int) -> bool:
+        """Back off (0.2 s doubling to the configured maximum) without reading more
+        messages, but keep polling so the consumer stays in its group. False if stopped."""
+        delay = min(0.2 * 2 ** (attempt - 1), self.settings.store_retry_max_seconds)
+        assignment = self.consumer.assignment()
+        self.consumer.pause(assignment)
+        try:
+            deadline = time.monotonic() + delay
+            while time.monotonic() < deadline:
+                if self.stop.is_set():
+                    return False
+                # Paused partitions return no messages; poll serves rebalances and keeps
+                # max.poll.interval.ms satisfied during a long outage.
+                msg = self.consumer.poll(min(0.1, max(deadline - time.monotonic(), 0)))
+                if msg is not None and msg.error() is None:  # from a newly assigned partition
+                    item = Incoming.from_message(msg)
+                    self.consumer.seek(TopicPartition(item.topic, item.partition, item.offset))
+            return True
+        finally:
+            self.consumer.resume(self.consumer.assignment())
+
+    def _commit(self, incoming: list[Incoming]) -> None:
+        highest: dict[tuple[str, int], int] = {}
+        for item in incoming:
+            key = (item.topic, item.partition)
+            highest[key] = max(highest.get(key, -1), item.offset)
+        offsets = [TopicPartition(t, p, o + 1) for (t, p), o in highest.items()]
+        try:
+            self.consumer.commit(offsets=offsets, asynchronous=False)
+        except KafkaException as exc:
+            # A rebalance took the partitions away: the new owner reads these requests
+            # again and the idempotent insert ignores them. Nothing is lost.
+            log.warning("offset commit failed; requests will be read again", error=str(exc))
+
+    def _mirror(self, dead: list[DeadLetter]) -> None:
+        if self.mirror is None or not dead:
+            return
+        for letter in dead:
+            headers = [*letter.headers, (DEAD_LETTER_REASON_HEADER, letter.reason.encode())]
+            self.mirror.produce(self.settings.dlq_topic, key=letter.key, value=letter.value,
+                                headers=kafka_headers(headers))  # fmt: skip
+        self.mirror.flush(30)

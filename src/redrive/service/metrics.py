@@ -1,0 +1,81 @@
+"""The retry service's Prometheus metrics.
+
+Each service instance has its own registry, so several can run in one process (the
+tests do). The pending gauge is read from the store when Prometheus scrapes, cached
+briefly so a burst of scrapes does not turn into a burst of COUNT queries.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import structlog
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+log = structlog.get_logger("redrive.metrics")
+
+LATENESS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 60)
+
+
+class _PendingCollector(Collector):
+    def __init__(self, read: Callable[[], dict[str, int]], ttl_s: float = 5.0) -> None:
+        self._read = read
+        self._ttl_s = ttl_s
+        self._cached: dict[str, int] = {}
+        self._read_at = 0.0
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        gauge = GaugeMetricFamily(
+            "redrive_pending", "Retries waiting for their due time.", labels=["destination"]
+        )
+        if time.monotonic() - self._read_at > self._ttl_s:
+            try:
+                self._cached = self._read()
+                self._read_at = time.monotonic()
+            except Exception as exc:  # noqa: BLE001 - a scrape must not fail while the store is down
+                log.warning("pending count unavailable; serving the last one", error=str(exc))
+        for destination, count in sorted(self._cached.items()):
+            gauge.add_metric([destination], count)
+        yield gauge
+
+
+class ServiceMetrics:
+    def __init__(self, pending_by_destination: Callable[[], dict[str, int]]) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.received = Counter(
+            "redrive_requests_received", "Retry requests read from the requests topic.",
+            registry=r,
+        )  # fmt: skip
+        self.invalid = Counter(
+            "redrive_requests_invalid", "Requests refused (they became dead letters).",
+            ["reason"], registry=r,
+        )  # fmt: skip
+        self.scheduled = Counter(
+            "redrive_requests_scheduled", "Requests stored as pending retries.", registry=r
+        )
+        self.published = Counter(
+            "redrive_retries_published", "Retries delivered to their destination.",
+            ["destination"], registry=r,
+        )  # fmt: skip
+        self.dead_lettered = Counter(
+            "redrive_dead_lettered", "Messages written to the dead-letter store.",
+            ["reason"], registry=r,
+        )  # fmt: skip
+        self.store_errors = Counter(
+            "redrive_store_errors", "Failed attempts to reach PostgreSQL.", ["operation"],
+            registry=r,
+        )  # fmt: skip
+        self.delivery_errors = Counter(
+            "redrive_delivery_errors", "Failed deliveries to a destination.", ["error"],
+            registry=r,
+        )  # fmt: skip
+        self.lateness = Histogram(
+            "redrive_retry_lateness_seconds",
+            "Broker acknowledgement time minus due time of each delivered retry.",
+            buckets=LATENESS_BUCKETS, registry=r,
+        )  # fmt: skip
+        r.register(_PendingCollector(pending_by_destination))

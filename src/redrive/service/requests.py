@@ -1,0 +1,172 @@
+"""What intake makes of one message on the requests topic.
+
+`classify` turns a request into a PendingRetry, or into a DeadLetter whose reason says
+exactly what was wrong. It is pure (topic metadata comes in as a function), so the
+catalogue of bad requests is tested without a broker, and nothing here can raise on
+bad input: every request ends as one or the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final
+
+from confluent_kafka import Message
+
+from redrive.headers import Header, HeaderError, RetryHeaders, decode, split_headers
+from redrive.kafka import headers_of
+from redrive.service.store import DeadLetter, PendingRetry, RequestCoordinates
+
+SOURCE: Final = "intake"
+
+
+class Reason:
+    """Stable reason codes of dead letters made by intake (the text says the details)."""
+
+    INVALID_REQUEST: Final = "invalid_request"
+    DESTINATION_NOT_ALLOWED: Final = "destination_not_allowed"
+    UNKNOWN_DESTINATION: Final = "unknown_destination"
+    PARTITION_OUT_OF_RANGE: Final = "partition_out_of_range"
+    EMPTY_VALUE: Final = "empty_value"
+    DEADLINE_PASSED: Final = "deadline_passed"
+    RETRY_AT_TOO_FAR: Final = "retry_at_too_far"
+    SENT_TO_DLQ: Final = "sent_to_dlq"
+
+
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    """The parts of a consumed request message that intake looks at."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[Header]
+
+    @classmethod
+    def from_message(cls, msg: Message) -> Incoming:
+        """From a consumed message (one without error, so it has its coordinates)."""
+        topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+        if topic is None or partition is None or offset is None:
+            raise ValueError("a message without coordinates is an error event, not a request")
+        return cls(topic, partition, offset, msg.key(), msg.value(), headers_of(msg))
+
+    @property
+    def coordinates(self) -> RequestCoordinates:
+        return RequestCoordinates(self.topic, self.partition, self.offset)
+
+
+@dataclass(frozen=True)
+class IntakeRules:
+    """What intake checks a request against."""
+
+    destination_allowed: Callable[[str], bool]
+    partitions_of: Callable[[str], int | None]  # None: the topic does not exist
+    max_delay_ms: int
+
+
+def classify(msg: Incoming, rules: IntakeRules, now_ms: int) -> PendingRetry | DeadLetter:
+    """A valid request becomes a pending retry; anything else a dead letter with its reason."""
+    try:
+        request, _ = decode(msg.headers)
+    except HeaderError as error:
+        return _dead(msg, None, Reason.INVALID_REQUEST, f"invalid request: {error}")
+
+    def dead(code: str, reason: str) -> DeadLetter:
+        return _dead(msg, request, code, reason)
+
+    if not rules.destination_allowed(request.destination):
+        return dead(
+            Reason.DESTINATION_NOT_ALLOWED,
+            f"destination not allowed: {request.destination!r} is not in the allowlist",
+        )
+    if request.send_to == "dlq":
+        return dead(Reason.SENT_TO_DLQ, "sent to the dead letters by its consumer "
+                    f"(redrive-send-to: dlq) after attempt {request.attempt}")  # fmt: skip
+    if not msg.value:
+        return dead(
+            Reason.EMPTY_VALUE,
+            "empty value: a retry request must carry the message to deliver",
+        )
+    if request.deadline is not None and request.deadline < now_ms:
+        return dead(
+            Reason.DEADLINE_PASSED,
+            f"deadline passed: redrive-deadline {request.deadline} is "
+            f"{now_ms - request.deadline} ms before it reached the retry service",
+        )
+    if request.deadline is not None and request.retry_at > request.deadline:
+        return dead(
+            Reason.DEADLINE_PASSED,
+            f"due after its deadline: redrive-retry-at {request.retry_at} is later than "
+            f"redrive-deadline {request.deadline}",
+        )
+    if request.retry_at > now_ms + rules.max_delay_ms:
+        days = (request.retry_at - now_ms) / 86_400_000
+        limit = rules.max_delay_ms / 86_400_000
+        return dead(
+            Reason.RETRY_AT_TOO_FAR,
+            f"redrive-retry-at is {days:.1f} days ahead; the limit is {limit:g} days "
+            "(setting max_delay_days)",
+        )
+    partitions = rules.partitions_of(request.destination)
+    if partitions is None:
+        return dead(
+            Reason.UNKNOWN_DESTINATION,
+            f"destination topic {request.destination!r} does not exist",
+        )
+    if request.partition is not None and request.partition >= partitions:
+        return dead(
+            Reason.PARTITION_OUT_OF_RANGE,
+            f"redrive-partition {request.partition} does not exist: "
+            f"{request.destination!r} has {partitions} partition(s)",
+        )
+    return PendingRetry(
+        due_ms=request.retry_at,
+        destination=request.destination,
+        partition=request.partition,
+        key=msg.key,
+        value=msg.value,
+        headers=msg.headers,
+        attempt=request.attempt,
+        group=request.group,
+        deadline_ms=request.deadline,
+        original_topic=request.original_topic,
+        original_partition=request.original_partition,
+        original_offset=request.original_offset,
+        request=msg.coordinates,
+    )
+
+
+def _text(raw: bytes | None) -> str | None:
+    """A header value as text for the dead-letter columns, whatever its bytes."""
+    return None if raw is None else raw.decode("utf-8", "replace")
+
+
+def _dead(msg: Incoming, request: RetryHeaders | None, code: str, reason: str) -> DeadLetter:
+    """A dead letter keeping the request whole: raw headers, key, value, coordinates.
+
+    When the headers could not be decoded, the columns are filled from what is
+    readable, so that operators can still search the letter by topic or error.
+    """
+    if request is not None:
+        return DeadLetter(
+            topic=request.destination, key=msg.key, value=msg.value, headers=msg.headers,
+            reason_code=code, reason=reason, source=SOURCE, attempt=request.attempt,
+            group=request.group, original_topic=request.original_topic,
+            original_partition=request.original_partition,
+            original_offset=request.original_offset,
+            original_timestamp=request.original_timestamp, error_type=request.error_type,
+            error_message=request.error_message, error_trace=request.error_trace,
+            request=msg.coordinates,
+        )  # fmt: skip
+    raw, _ = split_headers(msg.headers)
+    return DeadLetter(
+        topic=(_text(raw.get("redrive-destination")) or "")[:249] or None,
+        key=msg.key, value=msg.value, headers=msg.headers, reason_code=code, reason=reason,
+        source=SOURCE, group=(_text(raw.get("redrive-group")) or "")[:1024] or None,
+        error_type=(_text(raw.get("redrive-error-type")) or "")[:1024] or None,
+        error_message=(_text(raw.get("redrive-error-message")) or "")[:1024] or None,
+        request=msg.coordinates,
+    )  # fmt: skip

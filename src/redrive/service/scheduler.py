@@ -1,0 +1,242 @@
+"""Scheduler: delivers each pending retry to its destination when it is due.
+
+One loop, the whole idea:
+
+1. Claim the due rows nobody holds, in due order, with `FOR UPDATE SKIP LOCKED` and
+   a lease (`Store.claim_due`). Several instances on one database thus share the
+   work, and the rows of an instance that crashed are claimed again once its lease
+   expires.
+2. Produce each to its destination with its original key, its partition when the
+   request named one, and its headers exactly as they were received (so the consumer
+   sees its attempt count and original coordinates).
+3. Wait for the broker's acknowledgements; only then delete the rows. A crash between
+   acknowledgement and delete delivers a message twice, never zero times.
+4. Sleep until the next due time (or lease expiry) rather than on a poll interval,
+   and be woken early when an earlier request arrives: directly by intake in this
+   process, and through PostgreSQL LISTEN/NOTIFY from intakes of other instances.
+
+A row whose deadline passed while it waited goes to the dead letters instead; a row
+the broker refuses for good (too large, topic gone, not authorized) too. A delivery
+failing for a passing reason is given back and tried again a second later.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+
+from redrive.kafka import kafka_headers
+from redrive.service.config import ServiceSettings
+from redrive.service.metrics import ServiceMetrics
+from redrive.service.store import ClaimedRetry, Store, StoreUnavailable
+
+log = structlog.get_logger("redrive.scheduler")
+
+MAX_IDLE_S = 5.0  # a safety net: re-check the store at least this often
+TRANSIENT_RETRY_MS = 1_000
+
+# Errors after which producing the same message again cannot succeed.
+_PERMANENT = {
+    KafkaError.MSG_SIZE_TOO_LARGE,
+    KafkaError.INVALID_RECORD,
+    KafkaError.RECORD_LIST_TOO_LARGE,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError._UNKNOWN_TOPIC,
+    KafkaError._UNKNOWN_PARTITION,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError.TOPIC_EXCEPTION,
+}
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class _Outcome:
+    acked: list[ClaimedRetry] = field(default_factory=list)
+    permanent: list[tuple[ClaimedRetry, KafkaError]] = field(default_factory=list)
+    transient: list[tuple[ClaimedRetry, KafkaError | None]] = field(default_factory=list)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        settings: ServiceSettings,
+        kafka_config: dict[str, Any],
+        store: Store,
+        metrics: ServiceMetrics,
+        stop: threading.Event,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.metrics = metrics
+        self.stop = stop
+        self.owner = f"{settings.group_id}-{uuid.uuid4().hex[:12]}"
+        self.producer = Producer({
+            **kafka_config,
+            "enable.idempotence": True,  # acks=all, ordered, no duplicates from retries
+            "linger.ms": 2,
+            "compression.type": "lz4",
+        })  # fmt: skip
+        self._wakeup = threading.Event()
+        self._planned_wake_ms: float = math.inf
+        self.healthy = True
+
+    def wake(self, due_ms: int) -> None:
+        """Something due at `due_ms` was stored: wake up now if that is earlier than planned.
+
+        Thread-safe; called by intake in this process and by the NOTIFY listener.
+        While the loop is awake the planned time is +inf, so any call during that
+        window makes the next sleep return at once (the loop then re-reads the store).
+        """
+        if due_ms < self._planned_wake_ms:
+            self._wakeup.set()
+
+    def run(self) -> None:
+        log.info("scheduler started", owner=self.owner)
+        failures = 0
+        try:
+            while not self.stop.is_set():
+                self._wakeup.clear()
+                self._planned_wake_ms = math.inf
+                try:
+                    if self._deliver_due():
+                        failures = 0
+                        continue  # there may be more due right now
+                    now = now_ms()
+                    next_ms = self.store.next_wake_ms(now)
+                    failures = 0
+                    self.healthy = True
+                except StoreUnavailable as exc:
+                    failures += 1
+                    self.healthy = False
+                    self.metrics.store_errors.labels("schedule").inc()
+                    backoff = min(0.2 * 2 ** (failures - 1), self.settings.store_retry_max_seconds)
+                    log.warning("store unavailable; scheduler waits", error=str(exc),
+                                retry_in_s=round(backoff, 2))  # fmt: skip
+                    self.stop.wait(backoff)
+                    continue
+                sleep_s = MAX_IDLE_S if next_ms is None else (next_ms - now) / 1000
+                sleep_s = min(max(sleep_s, 0.0), MAX_IDLE_S)
+                self._planned_wake_ms = now + sleep_s * 1000
+                if sleep_s > 0:
+                    self._wakeup.wait(sleep_s)
+        finally:
+            self.producer.flush(30)
+            self.producer.close()
+            log.info("scheduler stopped", owner=self.owner)
+
+    def _deliver_due(self) -> bool:
+        """Claim and deliver one batch of due rows. False if nothing was due."""
+        lease_ms = int(self.settings.lease_seconds * 1000)
+        claimed = self.store.claim_due(
+            now_ms=now_ms(), limit=self.settings.scheduler_batch_size, owner=self.owner,
+            lease_ms=lease_ms,
+        )  # fmt: skip
+        if not claimed:
+            return False
+        now = now_ms()
+        expired = [r for r in claimed if r.deadline_ms is not None and r.deadline_ms < now]
+        deliverable = [r for r in claimed if r not in expired] if expired else claimed
+        outcome = self._produce(deliverable, timeout_s=lease_ms / 1000 * 0.8)
+        self._settle(outcome, expired)
+        return True
+
+    def _produce(self, rows: list[ClaimedRetry], timeout_s: float) -> _Outcome:
+        outcome = _Outcome()
+        done: set[int] = set()
+
+        def delivered(row: ClaimedRetry) -> Any:
+            def callback(err: KafkaError | None, msg: Message) -> None:
+                done.add(row.id)
+                if err is None:
+                    outcome.acked.append(row)
+                    self.metrics.lateness.observe(max(now_ms() - row.due_ms, 0) / 1000)
+                elif err.code() in _PERMANENT:
+                    outcome.permanent.append((row, err))
+                else:
+                    outcome.transient.append((row, err))
+
+            return callback
+
+        for row in rows:
+            kwargs: dict[str, Any] = {"key": row.key, "value": row.value,
+                                      "headers": kafka_headers(row.headers),
+                                      "on_delivery": delivered(row)}  # fmt: skip
+            if row.partition is not None:
+                kwargs["partition"] = row.partition
+            while True:
+                try:
+                    self.producer.produce(row.destination, **kwargs)
+                    break
+                except BufferError:  # the local queue is full: let deliveries drain
+                    self.producer.poll(0.05)
+                except KafkaException as exc:  # refused before sending (e.g. too large)
+                    done.add(row.id)
+                    err = exc.args[0]
+                    bucket = outcome.permanent if err.code() in _PERMANENT else None
+                    if bucket is not None:
+                        bucket.append((row, err))
+                    else:
+                        outcome.transient.append((row, err))
+                    break
+        remaining = self.producer.flush(timeout_s)
+        if remaining:
+            for row in rows:
+                if row.id not in done:
+                    outcome.transient.append((row, None))
+        return outcome
+
+    def _settle(self, outcome: _Outcome, expired: list[ClaimedRetry]) -> None:
+        """Record what happened in the store; wait out a store outage, never forget acks."""
+        acked_ids = [r.id for r in outcome.acked]
+        dead = [(r.id, "delivery_failed",
+                 f"delivery to {r.destination!r} failed for good: {err.str()}")
+                for r, err in outcome.permanent]  # fmt: skip
+        dead += [(r.id, "deadline_passed",
+                  f"deadline passed while pending: redrive-deadline {r.deadline_ms}, "
+                  f"due {r.due_ms}") for r in expired]  # fmt: skip
+        transient_ids = [r.id for r, _ in outcome.transient]
+        failures = 0
+        while True:
+            try:
+                self.store.delete(acked_ids)
+                acked_ids = []
+                self.store.to_dead_letters(dead)
+                dead = []
+                self.store.release(transient_ids, retry_at_ms=now_ms() + TRANSIENT_RETRY_MS)
+                break
+            except StoreUnavailable as exc:
+                failures += 1
+                self.metrics.store_errors.labels("settle").inc()
+                if self.stop.is_set() and failures > 3:
+                    # Leases expire and the rows are delivered again: at-least-once.
+                    log.warning("stopping with deliveries unrecorded; they will repeat",
+                                rows=len(acked_ids))  # fmt: skip
+                    return
+                self.stop.wait(min(0.2 * 2**failures, self.settings.store_retry_max_seconds))
+                log.warning("store unavailable while recording deliveries", error=str(exc))
+        for row in outcome.acked:
+            self.metrics.published.labels(row.destination).inc()
+        for row, err in outcome.permanent:
+            self.metrics.dead_lettered.labels("delivery_failed").inc()
+            self.metrics.delivery_errors.labels(err.name()).inc()
+            log.error("delivery failed for good; dead-lettered", destination=row.destination,
+                      partition=row.partition, row_id=row.id, error=err.str())  # fmt: skip
+        for row in expired:
+            self.metrics.dead_lettered.labels("deadline_passed").inc()
+            log.warning("deadline passed while pending; dead-lettered",
+                        destination=row.destination, row_id=row.id)  # fmt: skip
+        for row, maybe_err in outcome.transient:
+            name = maybe_err.name() if maybe_err is not None else "timeout"
+            self.metrics.delivery_errors.labels(name).inc()
+            log.warning("delivery failed; will retry", destination=row.destination,
+                        row_id=row.id, error=name)  # fmt: skip

@@ -1,0 +1,214 @@
+"""`redrive serve`: intake, scheduler and the dead-letter store in one process.
+
+The roles run as threads around one PostgreSQL store: intake (requests topic ->
+store), scheduler (store -> destinations), a LISTEN connection that wakes the
+scheduler across instances, and the HTTP server (/metrics, /healthz, /readyz).
+Any number of processes may run against one database; each takes its share.
+
+With no bootstrap or database URL configured the service uses the local stack
+(`redrive local`), starting it if needed: the embedded default.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+import structlog
+import uvicorn
+from confluent_kafka.admin import AdminClient
+
+from redrive import __version__
+from redrive.errors import ConfigError
+from redrive.local.process import listener_of, port_in_use
+from redrive.service.config import ServiceSettings
+from redrive.service.http import create_app
+from redrive.service.intake import Intake
+from redrive.service.metrics import ServiceMetrics
+from redrive.service.notify import listen
+from redrive.service.requests import IntakeRules
+from redrive.service.scheduler import Scheduler
+from redrive.service.store import Store, StoreUnavailable
+from redrive.service.topics import TopicMetadata, ensure_topic
+
+log = structlog.get_logger("redrive.service")
+
+REQUESTS_TOPIC_PARTITIONS = 6
+
+
+def resolve_endpoints(settings: ServiceSettings) -> tuple[str, str]:
+    """Bootstrap and database URL: as configured, else from the local stack (started)."""
+    bootstrap, database_url = settings.bootstrap, settings.database_url
+    if bootstrap is None or database_url is None:
+        from redrive.local import LocalStack
+
+        stack = LocalStack()
+        status = stack.up(kafka=bootstrap is None, postgres=database_url is None)
+        bootstrap = bootstrap or status.bootstrap
+        database_url = database_url or status.database_url
+    return bootstrap, database_url
+
+
+class RetryService:
+    version = __version__
+
+    def __init__(self, settings: ServiceSettings) -> None:
+        self.settings = settings
+        self.stop_event = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.failed: BaseException | None = None
+        self.bootstrap = ""
+        self.database_url = ""
+        self.http_port: int | None = None
+        self.intake: Intake | None = None
+        self.scheduler: Scheduler | None = None
+        self._http: uvicorn.Server | None = None
+        self.store: Store | None = None
+        self._admin: AdminClient | None = None
+        self.metrics = ServiceMetrics(self._pending_by_destination)
+
+    def _pending_by_destination(self) -> dict[str, int]:
+        return self.store.pending_by_destination() if self.store else {}
+
+    @property
+    def kafka_config(self) -> dict[str, Any]:
+        return {"bootstrap.servers": self.bootstrap, **self.settings.kafka}
+
+    def start(self) -> None:
+        """Connect, migrate, create topics, start the roles; return once they run."""
+        s = self.settings
+        if s.http_port and port_in_use(s.http_port, s.http_host):
+            raise ConfigError(
+                f"http_port {s.http_port} (REDRIVE_HTTP_PORT)",
+                f"{s.http_host}:{s.http_port} is already in use by {listener_of(s.http_port)}",
+                "choose another port, or 0 for any free port",
+            )
+        self.bootstrap, self.database_url = resolve_endpoints(s)
+        self.store = Store(self.database_url, reconnect_max_s=s.store_retry_max_seconds)
+        try:
+            self.store.open()
+        except Exception as exc:  # noqa: BLE001 - any start-up failure reads the same way
+            raise ConfigError(
+                "database_url (REDRIVE_DATABASE_URL)",
+                f"cannot open the store: {str(exc).strip()[:300]}",
+                "check that PostgreSQL runs and the URL, user and password are right",
+            ) from None
+        admin = self._admin = AdminClient(self.kafka_config)
+        try:
+            ensure_topic(admin, s.requests_topic, REQUESTS_TOPIC_PARTITIONS, {})
+            if s.mirror_dead_letters:
+                ensure_topic(admin, s.dlq_topic, 1, {})
+        except Exception as exc:  # noqa: BLE001
+            raise ConfigError(
+                "bootstrap (REDRIVE_BOOTSTRAP)",
+                f"cannot create or check topic {s.requests_topic!r}: {exc}",
+                "check that the broker is reachable and the kafka settings are right",
+            ) from None
+        metadata = TopicMetadata(admin)
+        if s.allowed_destinations == ["*"]:
+            log.warning("no destination allowlist configured: requests may target any topic "
+                        "but internal ones; set allowed_destinations")  # fmt: skip
+        if "scheduler" in s.roles:
+            self.scheduler = Scheduler(s, self.kafka_config, self.store, self.metrics,
+                                       self.stop_event)  # fmt: skip
+            self._spawn("scheduler", self.scheduler.run)
+            self._spawn("notify", lambda: listen(self.database_url, self._wake, self.stop_event))
+        if "intake" in s.roles:
+            rules = IntakeRules(
+                destination_allowed=s.destination_allowed,
+                partitions_of=metadata.partitions_of,
+                max_delay_ms=int(s.max_delay_days * 86_400_000),
+            )
+            self.intake = Intake(s, self.kafka_config, self.store, rules, self.metrics,
+                                 self.stop_event, on_scheduled=self._wake)  # fmt: skip
+            self._spawn("intake", self.intake.run)
+        self._start_http()
+        log.info("redrive serve started", bootstrap=self.bootstrap,
+                 database=_redact(self.database_url), roles=list(s.roles),
+                 http=f"http://{s.http_host}:{self.http_port}")  # fmt: skip
+
+    def _wake(self, due_ms: int) -> None:
+        if self.scheduler is not None:
+            self.scheduler.wake(due_ms)
+
+    def _spawn(self, name: str, target: Callable[[], None]) -> None:
+        def run() -> None:
+            try:
+                target()
+            except BaseException as exc:  # a role died: stop the whole service, loudly
+                self.failed = exc
+                log.exception("role crashed; stopping the service", role=name)
+                self.stop_event.set()
+
+        thread = threading.Thread(target=run, name=f"redrive-{name}", daemon=True)
+        thread.start()
+        self.threads.append(thread)
+
+    def _start_http(self) -> None:
+        s = self.settings
+        config = uvicorn.Config(create_app(self), host=s.http_host, port=s.http_port,
+                                log_level="warning", access_log=False)  # fmt: skip
+        self._http = uvicorn.Server(config)
+        thread = threading.Thread(target=self._http.run, name="redrive-http", daemon=True)
+        thread.start()
+        while not self._http.started and thread.is_alive():
+            time.sleep(0.02)
+        if not self._http.started:
+            raise ConfigError(f"http_port {s.http_port}", "the HTTP server did not start")
+        sockets = self._http.servers[0].sockets if self._http.servers else []
+        self.http_port = sockets[0].getsockname()[1] if sockets else s.http_port
+
+    def readiness(self) -> dict[str, bool]:
+        checks = {"store": bool(self.store and self.store.ping())}
+        if self.intake is not None:
+            checks["intake"] = self.intake.healthy
+        if self.scheduler is not None:
+            checks["scheduler"] = self.scheduler.healthy
+        checks["running"] = not self.stop_event.is_set()
+        return checks
+
+    def stop(self, timeout: float = 30.0) -> None:
+        self.stop_event.set()
+        if self.scheduler is not None:
+            self.scheduler.wake(0)
+        for thread in self.threads:
+            thread.join(timeout)
+        if self._http is not None:
+            self._http.should_exit = True
+        if self.store is not None:
+            self.store.close()
+        # Drop the Kafka clients now rather than whenever the service object goes.
+        self.intake = None
+        self.scheduler = None
+        self._admin = None
+
+    def run_until_signal(self) -> int:
+        """Run until SIGTERM or SIGINT (or a role crashed); exit code for the process."""
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            log.info("signal received; stopping", signal=signal.Signals(signum).name)
+            self.stop_event.set()
+
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+        while not self.stop_event.wait(0.5):
+            pass
+        self.stop()
+        return 1 if self.failed else 0
+
+
+def _redact(url: str) -> str:
+    """A database URL without its password, for logs."""
+    if "@" not in url or "://" not in url:
+        return url
+    scheme, rest = url.split("://", 1)
+    creds, host = rest.rsplit("@", 1)
+    user = creds.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}"
+
+
+__all__ = ["RetryService", "StoreUnavailable"]

@@ -1,0 +1,347 @@
+"""The retry service's PostgreSQL store: pending retries and dead letters.
+
+All SQL of the engine is here. Rows are written by intake (`insert_batch`), claimed
+in due order by schedulers (`claim_due`, with `FOR UPDATE SKIP LOCKED` and a lease so
+that several instances share the work and a crashed instance's rows come back), and
+deleted only once the broker acknowledged them (`delete`).
+
+Every method runs in its own transaction on a pooled connection. When PostgreSQL is
+unreachable the methods raise StoreUnavailable; callers wait and try again, they
+never drop what they hold.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import psycopg_pool
+from psycopg.rows import dict_row
+
+from redrive.headers import Header
+from redrive.service.migrations import migrate
+
+NOTIFY_CHANNEL = "redrive_pending"
+
+
+class StoreUnavailable(Exception):
+    """PostgreSQL could not be reached or failed mid-transaction; nothing was changed."""
+
+
+def headers_to_json(headers: Sequence[Header]) -> str:
+    """Headers as stored, losslessly: a JSON list of [name, base64 value or null].
+
+    PostgreSQL's jsonb cannot hold a NUL character, so a name containing one (only a
+    forged message would) is stored base64-encoded with a third element "b64".
+    """
+    items: list[list[str | None]] = []
+    for name, value in headers:
+        encoded = None if value is None else base64.b64encode(value).decode()
+        if "\x00" in name:
+            items.append([base64.b64encode(name.encode()).decode(), encoded, "b64"])
+        else:
+            items.append([name, encoded])
+    return json.dumps(items)
+
+
+def headers_from_json(stored: Any) -> list[Header]:
+    items = json.loads(stored) if isinstance(stored, str | bytes) else stored
+    headers: list[Header] = []
+    for item in items:
+        name = base64.b64decode(item[0]).decode() if len(item) > 2 else item[0]
+        headers.append((name, None if item[1] is None else base64.b64decode(item[1])))
+    return headers
+
+
+def clean_text(text: str | None) -> str | None:
+    """Text for a PostgreSQL text column, which cannot hold NUL: NUL becomes U+FFFD.
+
+    Only display columns go through this; the raw headers are kept losslessly.
+    """
+    return None if text is None else text.replace("\x00", "\ufffd")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestCoordinates:
+    """Where a retry request was read from: its identity for idempotent inserts."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class PendingRetry:
+    """A valid retry request, waiting for its due time."""
+
+    due_ms: int
+    destination: str
+    partition: int | None
+    key: bytes | None
+    value: bytes | None
+    headers: list[Header]
+    attempt: int
+    group: str | None
+    deadline_ms: int | None
+    original_topic: str | None
+    original_partition: int | None
+    original_offset: int | None
+    request: RequestCoordinates
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A message that will not be retried, with the reason why."""
+
+    topic: str | None
+    key: bytes | None
+    value: bytes | None
+    headers: list[Header]
+    reason_code: str
+    reason: str
+    source: str
+    attempt: int | None = None
+    group: str | None = None
+    original_topic: str | None = None
+    original_partition: int | None = None
+    original_offset: int | None = None
+    original_timestamp: int | None = None
+    error_type: str | None = None
+    error_message: str | None = None
+    error_trace: str | None = None
+    request: RequestCoordinates | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedRetry:
+    """A due row a scheduler holds a lease on, ready to be produced."""
+
+    id: int
+    due_ms: int
+    destination: str
+    partition: int | None
+    key: bytes | None
+    value: bytes | None
+    headers: list[Header]
+    deadline_ms: int | None
+
+
+_INSERT_PENDING = """
+INSERT INTO redrive_pending (
+    due_ms, destination, dest_partition, msg_key, msg_value, headers, attempt, group_id,
+    deadline_ms, original_topic, original_partition, original_offset,
+    request_topic, request_partition, request_offset)
+VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+ON CONFLICT DO NOTHING
+"""
+
+_INSERT_DEAD = """
+INSERT INTO redrive_dead_letters (
+    topic, msg_key, msg_value, headers, attempt, group_id, original_topic,
+    original_partition, original_offset, original_timestamp, error_type, error_message,
+    error_trace, reason_code, reason, source, request_topic, request_partition, request_offset)
+VALUES (%s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+ON CONFLICT DO NOTHING
+"""
+
+_CLAIM_DUE = """
+WITH due AS (
+    SELECT id FROM redrive_pending
+    WHERE due_ms <= %(now)s AND (lease_until_ms IS NULL OR lease_until_ms < %(now)s)
+    ORDER BY due_ms, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED)
+UPDATE redrive_pending p SET lease_until_ms = %(lease_until)s, lease_owner = %(owner)s
+FROM due WHERE p.id = due.id
+RETURNING p.id, p.due_ms, p.destination, p.dest_partition, p.msg_key, p.msg_value, p.headers,
+          p.deadline_ms
+"""
+
+# Rows free for the taking, first due first (walks the due index, skipping leased rows).
+_NEXT_DUE = """
+SELECT due_ms FROM redrive_pending
+WHERE lease_until_ms IS NULL OR lease_until_ms < %(now)s
+ORDER BY due_ms, id LIMIT 1
+"""
+
+_NEXT_LEASE_EXPIRY = """
+SELECT min(lease_until_ms) FROM redrive_pending
+WHERE lease_until_ms IS NOT NULL AND lease_until_ms >= %(now)s
+"""
+
+# Move rows that can never be delivered to the dead letters, in one transaction.
+_PENDING_TO_DEAD = """
+WITH moved AS (DELETE FROM redrive_pending WHERE id = %(id)s RETURNING *)
+INSERT INTO redrive_dead_letters (
+    topic, msg_key, msg_value, headers, attempt, group_id, original_topic,
+    original_partition, original_offset, reason_code, reason, source,
+    request_topic, request_partition, request_offset)
+SELECT destination, msg_key, msg_value, headers, attempt, group_id, original_topic,
+       original_partition, original_offset, %(code)s, %(reason)s, 'scheduler',
+       request_topic, request_partition, request_offset
+FROM moved
+ON CONFLICT DO NOTHING
+"""
+
+
+def _pending_params(row: PendingRetry) -> tuple[Any, ...]:
+    return (
+        row.due_ms, row.destination, row.partition, row.key, row.value,
+        headers_to_json(row.headers), row.attempt, clean_text(row.group), row.deadline_ms,
+        row.original_topic, row.original_partition, row.original_offset,
+        row.request.topic, row.request.partition, row.request.offset,
+    )  # fmt: skip
+
+
+def _dead_params(row: DeadLetter) -> tuple[Any, ...]:
+    req = row.request
+    return (
+        clean_text(row.topic), row.key, row.value, headers_to_json(row.headers), row.attempt,
+        clean_text(row.group), clean_text(row.original_topic), row.original_partition,
+        row.original_offset, row.original_timestamp, clean_text(row.error_type),
+        clean_text(row.error_message), clean_text(row.error_trace), row.reason_code,
+        clean_text(row.reason), row.source,
+        req.topic if req else None, req.partition if req else None, req.offset if req else None,
+    )  # fmt: skip
+
+
+class Store:
+    """Pooled access to the engine's tables."""
+
+    def __init__(self, url: str, *, max_connections: int = 6, reconnect_max_s: float = 10.0):
+        self.url = url
+        self.pool = psycopg_pool.ConnectionPool(
+            url,
+            min_size=1,
+            max_size=max_connections,
+            open=False,
+            kwargs={"autocommit": True, "connect_timeout": 5},
+            check=psycopg_pool.ConnectionPool.check_connection,
+            # Keep trying for as long as the outage lasts: the service waits, never drops.
+            reconnect_timeout=7 * 24 * 3600,
+            timeout=reconnect_max_s,
+            name="redrive-store",
+        )
+
+    def open(self, *, wait_s: float = 30.0) -> None:
+        """Open the pool, waiting for the database; then bring the schema up to date."""
+        self.pool.open(wait=True, timeout=wait_s)
+        with self._conn() as conn:
+            migrate(conn)
+
+    def close(self) -> None:
+        self.pool.close()
+
+    @contextmanager
+    def _conn(self) -> Iterator[psycopg.Connection[Any]]:
+        try:
+            with self.pool.connection() as conn:
+                yield conn
+        except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
+            raise StoreUnavailable(str(exc).strip() or type(exc).__name__) from exc
+
+    def ping(self) -> bool:
+        try:
+            with self._conn() as conn:
+                conn.execute("SELECT 1")
+            return True
+        except StoreUnavailable:
+            return False
+
+    def insert_batch(self, pending: Sequence[PendingRetry], dead: Sequence[DeadLetter]) -> int:
+        """Insert a batch durably in one transaction; a redelivered request is skipped.
+
+        Returns how many pending rows were new. Schedulers listening on NOTIFY_CHANNEL
+        learn the batch's earliest due time when the transaction commits.
+        """
+        inserted = 0
+        with self._conn() as conn, conn.transaction(), conn.cursor() as cur:
+            if pending:
+                cur.executemany(_INSERT_PENDING, [_pending_params(r) for r in pending])
+                inserted = max(cur.rowcount, 0)
+                earliest = min(r.due_ms for r in pending)
+                cur.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, str(earliest)))
+            if dead:
+                cur.executemany(_INSERT_DEAD, [_dead_params(r) for r in dead])
+        return inserted
+
+    def insert_dead_letters(self, dead: Sequence[DeadLetter]) -> None:
+        self.insert_batch((), dead)
+
+    def claim_due(
+        self, *, now_ms: int, limit: int, owner: str, lease_ms: int
+    ) -> list[ClaimedRetry]:
+        """Lease up to `limit` due rows nobody holds; returned in due order."""
+        with self._conn() as conn:
+            rows = conn.execute(
+                _CLAIM_DUE,
+                {"now": now_ms, "limit": limit, "lease_until": now_ms + lease_ms, "owner": owner},
+            ).fetchall()
+        claimed = [
+            ClaimedRetry(id=r[0], due_ms=r[1], destination=r[2], partition=r[3],
+                         key=r[4], value=r[5], headers=headers_from_json(r[6]),
+                         deadline_ms=r[7])
+            for r in rows
+        ]  # fmt: skip
+        claimed.sort(key=lambda c: (c.due_ms, c.id))
+        return claimed
+
+    def delete(self, ids: Sequence[int]) -> None:
+        """Forget rows the broker acknowledged."""
+        if not ids:
+            return
+        with self._conn() as conn:
+            conn.execute("DELETE FROM redrive_pending WHERE id = ANY(%s)", (list(ids),))
+
+    def release(self, ids: Sequence[int], *, retry_at_ms: int) -> None:
+        """Give leased rows back (a delivery failed for a passing reason), due again later."""
+        if not ids:
+            return
+        with self._conn() as conn:
+            conn.execute(
+                "UPDATE redrive_pending SET lease_until_ms = NULL, lease_owner = NULL,"
+                " due_ms = GREATEST(due_ms, %s) WHERE id = ANY(%s)",
+                (retry_at_ms, list(ids)),
+            )
+
+    def to_dead_letters(self, failures: Sequence[tuple[int, str, str]]) -> None:
+        """Move rows that can never be delivered (id, reason code, reason) to dead letters."""
+        if not failures:
+            return
+        with self._conn() as conn, conn.transaction(), conn.cursor() as cur:
+            cur.executemany(
+                _PENDING_TO_DEAD,
+                [{"id": i, "code": code, "reason": reason} for i, code, reason in failures],
+            )
+
+    def next_wake_ms(self, now_ms: int) -> int | None:
+        """When the scheduler has something to do next: the earliest free due time or
+        lease expiry (a crashed instance's rows), or None if nothing is pending."""
+        with self._conn() as conn:
+            due = conn.execute(_NEXT_DUE, {"now": now_ms}).fetchone()
+            lease = conn.execute(_NEXT_LEASE_EXPIRY, {"now": now_ms}).fetchone()
+        times = [t[0] for t in (due, lease) if t is not None and t[0] is not None]
+        return min(times) if times else None
+
+    def pending_by_destination(self) -> dict[str, int]:
+        with self._conn() as conn:
+            rows = conn.execute(
+                "SELECT destination, count(*) FROM redrive_pending GROUP BY destination"
+            ).fetchall()
+        return {r[0]: int(r[1]) for r in rows}
+
+    def dead_letters(self, *, limit: int = 100) -> list[dict[str, Any]]:
+        """Newest dead letters first (the search API comes with the UI)."""
+        with self._conn() as conn, conn.cursor(row_factory=dict_row) as cur:
+            rows = cur.execute(
+                "SELECT * FROM redrive_dead_letters ORDER BY dead_at DESC, id DESC LIMIT %s",
+                (limit,),
+            ).fetchall()
+        for row in rows:
+            row["headers"] = headers_from_json(row["headers"])
+        return rows

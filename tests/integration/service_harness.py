@@ -1,0 +1,205 @@
+"""Helpers for retry-service tests: a fresh database per test, the service in-process
+or as a real `redrive serve` process, requests in, deliveries out."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from confluent_kafka import Consumer, Producer
+
+from redrive.headers import Header, RetryHeaders, encode
+from redrive.service.config import ServiceSettings
+from redrive.service.service import RetryService
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def fresh_database(server_url: str) -> str:
+    """Create an empty database on the test server; returns its URL."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    base, _, _ = server_url.rpartition("/")
+    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    return f"{base}/{name}"
+
+
+def settings_for(bootstrap: str, database_url: str, **overrides: Any) -> ServiceSettings:
+    tag = uuid.uuid4().hex[:8]
+    values: dict[str, Any] = {
+        "bootstrap": bootstrap,
+        "database_url": database_url,
+        "requests_topic": f"requests-{tag}",
+        "group_id": f"redrive-{tag}",
+        "http_port": 0,
+    }
+    values.update(overrides)
+    return ServiceSettings(**values)
+
+
+@contextmanager
+def running_service(settings: ServiceSettings) -> Iterator[RetryService]:
+    service = RetryService(settings)
+    service.start()
+    try:
+        yield service
+    finally:
+        service.stop()
+
+
+class ServiceProcess:
+    """`redrive serve` in its own process, configured through the environment."""
+
+    def __init__(self, settings: ServiceSettings, log_path: Path) -> None:
+        self.env = {**os.environ}
+        for name, value in settings.model_dump().items():
+            if value is None:
+                continue
+            key = f"REDRIVE_{name.upper()}"
+            if isinstance(value, list | dict):
+                import json
+
+                self.env[key] = json.dumps(value)
+            else:
+                self.env[key] = str(value)
+        self.env["REDRIVE_LOG_FORMAT"] = "json"
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        log = open(self.log_path, "ab")  # noqa: SIM115 - the child writes to it until it ends
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "redrive.cli", "serve"], env=self.env,
+            stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if "redrive serve: listening" in self.log_path.read_text(errors="replace"):
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"serve exited: {self.log_path.read_text()[-2000:]}")
+            time.sleep(0.1)
+        raise RuntimeError("serve did not start in 60 s")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def terminate(self) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return self.proc.returncode
+
+
+def request_headers(
+    destination: str, retry_at: int, user_headers: list[Header] | None = None, **fields: Any
+) -> list[Header]:
+    return encode(RetryHeaders(destination=destination, retry_at=retry_at, **fields), user_headers)
+
+
+def produce(bootstrap: str, topic: str, records: list[dict[str, Any]]) -> None:
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5,
+                         "enable.idempotence": True})  # fmt: skip
+    for record in records:
+        while True:
+            try:
+                producer.produce(topic, **record)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        producer.poll(0)
+    assert producer.flush(60) == 0
+    producer.close()
+
+
+@dataclass
+class Delivery:
+    key: bytes | None
+    value: bytes | None
+    headers: list[Header]
+    partition: int
+    offset: int
+    received_ms: int
+
+    def header(self, name: str) -> bytes | None:
+        return dict(self.headers).get(name)
+
+
+@dataclass
+class Collector:
+    """Reads a topic from the beginning, recording when each message arrived."""
+
+    bootstrap: str
+    topic: str
+    received: list[Delivery] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.consumer = Consumer({
+            "bootstrap.servers": self.bootstrap,
+            "group.id": f"collector-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": 5,
+            "fetch.min.bytes": 1,
+        })  # fmt: skip
+        self.consumer.subscribe([self.topic])
+
+    def poll_until(self, count: int, timeout_s: float) -> list[Delivery]:
+        """Collect until `count` messages in total arrived or the timeout passed."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.received) < count and time.monotonic() < deadline:
+            for msg in self.consumer.consume(1000, timeout=0.05):
+                if msg.error() is not None:
+                    continue
+                self.received.append(Delivery(
+                    msg.key(), msg.value(), list(msg.headers() or []), msg.partition(),
+                    msg.offset(), now_ms(),
+                ))  # fmt: skip
+        return self.received
+
+    def drain(self, quiet_s: float) -> list[Delivery]:
+        """Keep collecting until nothing arrived for `quiet_s` seconds."""
+        last = len(self.received)
+        quiet_since = time.monotonic()
+        while time.monotonic() - quiet_since < quiet_s:
+            self.poll_until(len(self.received) + 1, 0.2)
+            if len(self.received) != last:
+                last = len(self.received)
+                quiet_since = time.monotonic()
+        return self.received
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def dead_letters(database_url: str) -> list[dict[str, Any]]:
+    with (
+        psycopg.connect(database_url) as conn,
+        conn.cursor(row_factory=psycopg.rows.dict_row) as cur,
+    ):
+        return cur.execute("SELECT * FROM redrive_dead_letters ORDER BY id").fetchall()
+
+
+def pending_count(database_url: str) -> int:
+    with psycopg.connect(database_url) as conn:
+        row = conn.execute("SELECT count(*) FROM redrive_pending").fetchone()
+        return int(row[0]) if row else 0

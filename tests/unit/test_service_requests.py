@@ -1,0 +1,117 @@
+"""Intake's classification of retry requests, without a broker."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from redrive.headers import RetryHeaders, encode
+from redrive.service.requests import Incoming, IntakeRules, Reason, classify
+from redrive.service.store import DeadLetter, PendingRetry
+
+pytestmark = pytest.mark.unit
+
+NOW = 1_800_000_000_000
+TOPICS = {"orders": 3, "items": 1}
+RULES = IntakeRules(
+    destination_allowed=lambda t: t in {"orders", "forbidden-but-exists"},
+    partitions_of=TOPICS.get,
+    max_delay_ms=7 * 86_400_000,
+)
+
+
+def incoming(headers: list[tuple[str, bytes | None]], value: bytes | None = b"v") -> Incoming:
+    return Incoming("redrive.requests", 4, 99, b"k", value, headers)
+
+
+def test_a_valid_request_becomes_a_pending_retry_keeping_everything() -> None:
+    headers = encode(RetryHeaders(destination="orders", retry_at=NOW + 5_000, attempt=2,
+                                  partition=1, group="g", original_topic="orders",
+                                  original_partition=0, original_offset=7),
+                     [("mine", b"\xff")])  # fmt: skip
+    result = classify(incoming(headers), RULES, NOW)
+    assert isinstance(result, PendingRetry)
+    assert (result.due_ms, result.destination, result.partition) == (NOW + 5_000, "orders", 1)
+    assert result.headers == headers  # delivered exactly as received
+    assert (result.key, result.value, result.attempt, result.group) == (b"k", b"v", 2, "g")
+    assert (result.request.topic, result.request.partition, result.request.offset) == (
+        "redrive.requests",
+        4,
+        99,
+    )
+
+
+@pytest.mark.parametrize(
+    ("fields", "value", "code", "text"),
+    [
+        ({"destination": "items"}, b"v", Reason.DESTINATION_NOT_ALLOWED, "not in the allowlist"),
+        ({"send_to": "dlq"}, b"v", Reason.SENT_TO_DLQ, "redrive-send-to: dlq"),
+        ({}, b"", Reason.EMPTY_VALUE, "empty value"),
+        ({}, None, Reason.EMPTY_VALUE, "empty value"),
+        ({"deadline": NOW - 1}, b"v", Reason.DEADLINE_PASSED, "deadline passed"),
+        (
+            {"retry_at": NOW + 10_000, "deadline": NOW + 5_000},
+            b"v",
+            Reason.DEADLINE_PASSED,
+            "due after its deadline",
+        ),
+        ({"retry_at": NOW + 8 * 86_400_000}, b"v", Reason.RETRY_AT_TOO_FAR, "days ahead"),
+        (
+            {"destination": "forbidden-but-exists"},
+            b"v",
+            Reason.UNKNOWN_DESTINATION,
+            "does not exist",
+        ),
+        ({"partition": 3}, b"v", Reason.PARTITION_OUT_OF_RANGE, "has 3 partition(s)"),
+    ],
+)
+def test_refusals_name_the_problem(
+    fields: dict[str, object], value: bytes | None, code: str, text: str
+) -> None:
+    base: dict[str, object] = {"destination": "orders", "retry_at": NOW + 1_000}
+    headers = encode(RetryHeaders(**{**base, **fields}))  # type: ignore[arg-type]
+    result = classify(incoming(headers, value), RULES, NOW)
+    assert isinstance(result, DeadLetter)
+    assert result.reason_code == code
+    assert text in result.reason
+    assert result.headers == headers and result.value == value
+
+
+def test_undecodable_headers_still_keep_what_is_readable() -> None:
+    headers = [("redrive-destination", b"orders"), ("redrive-retry-at", b"soon"),
+               ("redrive-error-type", b"app.Boom"), ("x", b"\x00")]  # fmt: skip
+    result = classify(incoming(headers), RULES, NOW)
+    assert isinstance(result, DeadLetter)
+    assert result.reason_code == Reason.INVALID_REQUEST
+    assert "redrive-retry-at: not a decimal integer" in result.reason
+    assert (result.topic, result.error_type, result.headers) == ("orders", "app.Boom", headers)
+
+
+header_names = st.one_of(
+    st.sampled_from(["redrive-destination", "redrive-retry-at", "redrive-attempt",
+                     "redrive-partition", "redrive-deadline", "redrive-send-to",
+                     "redrive-group", "redrive-x", "user"]),
+    st.text(max_size=20),
+)  # fmt: skip
+header_values = st.one_of(
+    st.none(), st.binary(max_size=40),
+    st.sampled_from([b"orders", b"items", b"1", b"0", b"-1", b"dlq", b"retry",
+                     str(NOW + 1000).encode(), b"99999999999999999999999"]),
+)  # fmt: skip
+
+
+@settings(max_examples=400, deadline=None)
+@given(headers=st.lists(st.tuples(header_names, header_values), max_size=10),
+       value=st.one_of(st.none(), st.binary(max_size=10)))  # fmt: skip
+def test_any_message_ends_as_exactly_one_outcome_and_never_raises(
+    headers: list[tuple[str, bytes | None]], value: bytes | None
+) -> None:
+    result = classify(incoming(headers, value), RULES, NOW)
+    assert isinstance(result, PendingRetry | DeadLetter)
+    if isinstance(result, DeadLetter):
+        assert result.reason and result.reason_code
+        assert result.headers == headers and result.value == value
+    else:
+        assert RULES.destination_allowed(result.destination)
+        assert result.due_ms <= NOW + RULES.max_delay_ms
