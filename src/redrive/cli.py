@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from redrive import __version__
-from redrive.errors import RedriveError
+from redrive.errors import ConfigError, RedriveError
 
 if TYPE_CHECKING:
     from redrive.local import LocalStack, StackStatus
@@ -23,6 +23,8 @@ app = typer.Typer(
 )
 local_app = typer.Typer(help="The local stack: a real Kafka broker and an embedded PostgreSQL.")
 app.add_typer(local_app, name="local")
+policy_app = typer.Typer(help="Retry policies: what happens to a message that keeps failing.")
+app.add_typer(policy_app, name="policy")
 
 StateDir = Annotated[
     Path | None,
@@ -44,6 +46,32 @@ def _stack(state: Path | None) -> LocalStack:
 def version() -> None:
     """Print redrive's version."""
     typer.echo(__version__)
+
+
+@policy_app.command("explain")
+def policy_explain(
+    schedule: Annotated[
+        str,
+        typer.Argument(
+            help='A schedule: "5m x2, 30m x3, 1h", "[10, 60, 300]" or '
+            '"exponential 1s x2 max 5m, 8 attempts".'
+        ),
+    ],
+    max_attempts: Annotated[
+        int | None, typer.Option(help="Most handler runs, the first delivery included.")
+    ] = None,
+    max_duration: Annotated[
+        str | None, typer.Option(help='Deadline after the first failure, e.g. "2h".')
+    ] = None,
+) -> None:
+    """Print the timeline a message that keeps failing would follow."""
+    from redrive.policy import PolicyError, explain, format_explanation, policy
+
+    try:
+        chosen = policy(schedule, max_attempts=max_attempts, max_duration=max_duration)
+    except PolicyError as exc:
+        raise ConfigError("schedule", str(exc)) from None
+    typer.echo(format_explanation(explain(chosen)))
 
 
 @app.command()
@@ -89,9 +117,13 @@ def serve(
     from redrive.service.service import RetryService
 
     settings = load_settings(
-        config, bootstrap=bootstrap, database_url=database_url, http_port=http_port,
-        roles=role or None, allowed_destinations=allow or None,
-    )  # fmt: skip
+        config,
+        bootstrap=bootstrap,
+        database_url=database_url,
+        http_port=http_port,
+        roles=role or None,
+        allowed_destinations=allow or None,
+    )
     configure(settings.log_format)
     service = RetryService(settings)
     service.start()
@@ -141,13 +173,21 @@ def local_status(
     """
     status = _stack(state).status()
     if as_json:
-        typer.echo(json.dumps({
-            "state_dir": str(status.state_dir),
-            "bootstrap": status.bootstrap,
-            "database_url": status.database_url,
-            "kafka": {"running": status.kafka_running, "healthy": status.kafka_healthy},
-            "postgres": {"running": status.postgres_running, "healthy": status.postgres_healthy},
-        }, indent=2))  # fmt: skip
+        typer.echo(
+            json.dumps(
+                {
+                    "state_dir": str(status.state_dir),
+                    "bootstrap": status.bootstrap,
+                    "database_url": status.database_url,
+                    "kafka": {"running": status.kafka_running, "healthy": status.kafka_healthy},
+                    "postgres": {
+                        "running": status.postgres_running,
+                        "healthy": status.postgres_healthy,
+                    },
+                },
+                indent=2,
+            )
+        )
     else:
         _print_status(status)
     raise typer.Exit(0 if status.healthy else 1)

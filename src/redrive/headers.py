@@ -46,6 +46,7 @@ ORIGINAL_TIMESTAMP: Final = "redrive-original-timestamp"
 ERROR_TYPE: Final = "redrive-error-type"
 ERROR_MESSAGE: Final = "redrive-error-message"
 ERROR_TRACE: Final = "redrive-error-trace"
+REASON: Final = "redrive-reason"
 
 # Header name -> RetryHeaders field, in the order encode() writes them.
 _FIELD_OF: Final[dict[str, str]] = {
@@ -63,6 +64,7 @@ _FIELD_OF: Final[dict[str, str]] = {
     ERROR_TYPE: "error_type",
     ERROR_MESSAGE: "error_message",
     ERROR_TRACE: "error_trace",
+    REASON: "reason",
 }
 
 ALL_HEADERS: Final[tuple[str, ...]] = tuple(_FIELD_OF)
@@ -91,12 +93,20 @@ TRUNCATED_PREFIX: Final = "[truncated]... "
 
 _CAPS: Final[dict[str, int]] = {
     ERROR_MESSAGE: MAX_ERROR_MESSAGE_BYTES,
+    REASON: MAX_ERROR_MESSAGE_BYTES,
     ERROR_TRACE: MAX_ERROR_TRACE_BYTES,
 }
 _INT_HEADERS: Final[frozenset[str]] = frozenset(
-    {PARTITION, RETRY_AT, ATTEMPT, DEADLINE, ORIGINAL_PARTITION, ORIGINAL_OFFSET,
-     ORIGINAL_TIMESTAMP}
-)  # fmt: skip
+    {
+        PARTITION,
+        RETRY_AT,
+        ATTEMPT,
+        DEADLINE,
+        ORIGINAL_PARTITION,
+        ORIGINAL_OFFSET,
+        ORIGINAL_TIMESTAMP,
+    }
+)
 _TOPIC_RE: Final = re.compile(r"[a-zA-Z0-9._-]{1,249}")
 _DIGITS_RE: Final = re.compile(r"[0-9]+")
 _NEGATIVE_RE: Final = re.compile(r"-[0-9]+")
@@ -217,6 +227,9 @@ class RetryHeaders:
     """Message of the latest failure, at most :data:`MAX_ERROR_MESSAGE_BYTES`."""
     error_trace: str | None = None
     """Stack trace of the latest failure, at most :data:`MAX_ERROR_TRACE_BYTES`."""
+    reason: str | None = None
+    """Why the consumer gave up (with ``send_to="dlq"``), at most 1 KiB, e.g.
+    ``attempts exhausted (3 of 3)``."""
 
     def __post_init__(self) -> None:
         _check_topic(DESTINATION, self.destination)
@@ -243,6 +256,9 @@ class RetryHeaders:
             message = _require_str(ERROR_MESSAGE, self.error_message)
             capped = cap_text(message, MAX_ERROR_MESSAGE_BYTES)
             object.__setattr__(self, "error_message", capped)
+        if self.reason is not None:
+            reason = _require_str(REASON, self.reason)
+            object.__setattr__(self, "reason", cap_text(reason, MAX_ERROR_MESSAGE_BYTES))
         if self.error_trace is not None:
             trace = _require_str(ERROR_TRACE, self.error_trace)
             capped = cap_text(trace, MAX_ERROR_TRACE_BYTES, keep="end")
@@ -448,6 +464,8 @@ def next_request(
     group: str | None = None,
     partition: int | None = None,
     send_to: SendTo = "retry",
+    attempt: int | None = None,
+    reason: str | None = None,
 ) -> RetryHeaders:
     """The retry request a consumer writes after its handler failed on a message.
 
@@ -457,6 +475,8 @@ def next_request(
     record being handled (``record_*``), so they always name the first consumption; the
     error-* fields are replaced by ``error``. ``deadline`` and ``group`` default to the
     previous request's. ``partition`` is the destination partition (None: by key).
+    ``attempt`` overrides the count when the caller knows better (a record retried in
+    place carries no previous request); ``reason`` says why a dead letter gave up.
     """
     if isinstance(error, BaseException):
         info = describe_error(error)
@@ -469,7 +489,7 @@ def next_request(
     return RetryHeaders(
         destination=destination,
         retry_at=retry_at,
-        attempt=previous.attempt + 1 if previous is not None else 1,
+        attempt=attempt if attempt is not None else (previous.attempt + 1 if previous else 1),
         partition=partition,
         deadline=deadline if deadline is not None or previous is None else previous.deadline,
         send_to=send_to,
@@ -481,4 +501,5 @@ def next_request(
         error_type=info.type or None,
         error_message=info.message,
         error_trace=info.trace,
+        reason=reason,
     )

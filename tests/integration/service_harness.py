@@ -81,9 +81,11 @@ class ServiceProcess:
     def start(self) -> None:
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child writes to it until it ends
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "redrive.cli", "serve"], env=self.env,
-            stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [sys.executable, "-m", "redrive.cli", "serve"],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if "redrive serve: listening" in self.log_path.read_text(errors="replace"):
@@ -117,8 +119,9 @@ def request_headers(
 
 
 def produce(bootstrap: str, topic: str, records: list[dict[str, Any]]) -> None:
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5,
-                         "enable.idempotence": True})  # fmt: skip
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True}
+    )
     for record in records:
         while True:
             try:
@@ -153,14 +156,16 @@ class Collector:
     received: list[Delivery] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.consumer = Consumer({
-            "bootstrap.servers": self.bootstrap,
-            "group.id": f"collector-{uuid.uuid4().hex}",
-            "auto.offset.reset": "earliest",
-            "enable.auto.commit": False,
-            "fetch.wait.max.ms": 5,
-            "fetch.min.bytes": 1,
-        })  # fmt: skip
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap,
+                "group.id": f"collector-{uuid.uuid4().hex}",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 5,
+                "fetch.min.bytes": 1,
+            }
+        )
         self.consumer.subscribe([self.topic])
 
     def poll_until(self, count: int, timeout_s: float) -> list[Delivery]:
@@ -170,10 +175,16 @@ class Collector:
             for msg in self.consumer.consume(1000, timeout=0.05):
                 if msg.error() is not None:
                     continue
-                self.received.append(Delivery(
-                    msg.key(), msg.value(), list(msg.headers() or []), msg.partition(),
-                    msg.offset(), now_ms(),
-                ))  # fmt: skip
+                self.received.append(
+                    Delivery(
+                        msg.key(),
+                        msg.value(),
+                        list(msg.headers() or []),
+                        msg.partition(),
+                        msg.offset(),
+                        now_ms(),
+                    )
+                )
         return self.received
 
     def drain(self, quiet_s: float) -> list[Delivery]:

@@ -23,12 +23,14 @@ def produce_and_read_back(
         producer.produce(topic, **record)  # type: ignore[arg-type]
     assert producer.flush(30) == 0
     producer.close()
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap,
-        "group.id": f"roundtrip-{uuid.uuid4().hex}",
-        "auto.offset.reset": "earliest",
-        "enable.auto.commit": False,
-    })  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"roundtrip-{uuid.uuid4().hex}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     consumer.subscribe([topic])
     received = []
     try:

@@ -60,9 +60,10 @@ def test_up_twice_status_down_leaves_no_process(tmp_path: Path) -> None:
         assert not psutil.pid_exists(record.pid) or not record.alive()
     # No child of the postmaster (or anything else using the state folder) survives.
     leftovers = [
-        p.info for p in psutil.process_iter(["pid", "cmdline"])
+        p.info
+        for p in psutil.process_iter(["pid", "cmdline"])
         if p.info["cmdline"] and any(str(tmp_path) in part for part in p.info["cmdline"])
-    ]  # fmt: skip
+    ]
     assert leftovers == []
     after = run_cli("local", "status", state=tmp_path)
     assert after.returncode == 1
@@ -96,8 +97,12 @@ def test_missing_java_names_java_and_the_fix(tmp_path: Path) -> None:
     env["REDRIVE_STATE_DIR"] = str(tmp_path / "state")
     result = subprocess.run(
         [*REDRIVE, "local", "up", "--kafka-port", "0", "--postgres-port", "0"],
-        capture_output=True, text=True, timeout=120, check=False, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env=env,
+    )
     assert result.returncode == 2
     assert result.stderr.startswith("redrive: java:")
     assert "Java 17" in result.stderr
@@ -112,15 +117,47 @@ def test_kcat_produces_and_consumes_with_headers(bootstrap: str, new_topic) -> N
     )
     topic = new_topic("kcat")
     produce = subprocess.run(
-        [kcat, "-b", bootstrap, "-P", "-t", topic, "-k", "item-7",
-         "-H", "redrive-attempt=2", "-H", "trace-id=abc"],
-        input="hello from kcat", capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        [
+            kcat,
+            "-b",
+            bootstrap,
+            "-P",
+            "-t",
+            topic,
+            "-k",
+            "item-7",
+            "-H",
+            "redrive-attempt=2",
+            "-H",
+            "trace-id=abc",
+        ],
+        input="hello from kcat",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert produce.returncode == 0, produce.stderr
     consume = subprocess.run(
-        [kcat, "-b", bootstrap, "-C", "-t", topic, "-o", "beginning", "-c", "1", "-e",
-         "-f", "%k|%s|%h"],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        [
+            kcat,
+            "-b",
+            bootstrap,
+            "-C",
+            "-t",
+            topic,
+            "-o",
+            "beginning",
+            "-c",
+            "1",
+            "-e",
+            "-f",
+            "%k|%s|%h",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert consume.returncode == 0, consume.stderr
     assert consume.stdout.strip() == "item-7|hello from kcat|redrive-attempt=2,trace-id=abc"

@@ -194,8 +194,9 @@ def test_each_bad_request_is_a_dead_letter_with_its_reason(
     for index, (_, record, _) in enumerate(cases):
         records.append({**record, "key": f"case-{index}".encode()})
     good_due = now_ms() + 1_500
-    records.append({"key": b"good", "value": b"still delivered",
-                    "headers": request_headers(dest, good_due)})  # fmt: skip
+    records.append(
+        {"key": b"good", "value": b"still delivered", "headers": request_headers(dest, good_due)}
+    )
 
     with running_service(settings) as service:
         produce(bootstrap, settings.requests_topic, records)

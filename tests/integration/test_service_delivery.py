@@ -33,10 +33,18 @@ def test_request_due_in_2s_arrives_on_time_intact_and_on_its_partition(
         due = now_ms() + 2_000
         user_headers = [("trace-id", b"\x00\xffabc"), ("tenant", b"acme")]
         headers = request_headers(
-            destination, due, user_headers=user_headers, partition=2, attempt=1,
-            group="billing", original_topic=destination, original_partition=0,
-            original_offset=17, error_type="billing.Unavailable", error_message="503",
-        )  # fmt: skip
+            destination,
+            due,
+            user_headers=user_headers,
+            partition=2,
+            attempt=1,
+            group="billing",
+            original_topic=destination,
+            original_partition=0,
+            original_offset=17,
+            error_type="billing.Unavailable",
+            error_message="503",
+        )
         produce(
             bootstrap,
             settings.requests_topic,
@@ -70,10 +78,13 @@ def test_without_partition_the_key_decides_like_any_producer(
     settings = settings_for(bootstrap, db, allowed_destinations=[destination])
     due = now_ms() + 500
     records = [
-        {"key": f"k{i % 5}".encode(), "value": f"v{i}".encode(),
-         "headers": request_headers(destination, due + i)}
+        {
+            "key": f"k{i % 5}".encode(),
+            "value": f"v{i}".encode(),
+            "headers": request_headers(destination, due + i),
+        }
         for i in range(50)
-    ]  # fmt: skip
+    ]
     with running_service(settings):
         produce(bootstrap, settings.requests_topic, records)
         collector = Collector(bootstrap, destination)

@@ -39,10 +39,13 @@ def make_requests(
     rng = random.Random(7)
     start = now_ms() + lead_ms
     return [
-        {"key": f"key-{i % 97}".encode(), "value": f"msg-{i}".encode(),
-         "headers": request_headers(destination, start + rng.randrange(spread_ms))}
+        {
+            "key": f"key-{i % 97}".encode(),
+            "value": f"msg-{i}".encode(),
+            "headers": request_headers(destination, start + rng.randrange(spread_ms)),
+        }
         for i in range(n)
-    ]  # fmt: skip
+    ]
 
 
 def due_of(delivery: Delivery) -> int:
@@ -58,9 +61,11 @@ def report(name: str, deliveries: list[Delivery], expected: int) -> tuple[int, i
     lateness = sorted(d.received_ms - due_of(d) for d in deliveries)
     p50 = statistics.median(lateness) if lateness else 0
     p99 = lateness[int(len(lateness) * 0.99) - 1] if lateness else 0
-    print(f"\n[{name}] delivered {len(counts)}/{expected} unique, {duplicates} duplicates, "
-          f"{missing} missing; lateness ms p50={p50} p99={p99} max={max(lateness, default=0)} "
-          f"min={min(lateness, default=0)}")  # fmt: skip
+    print(
+        f"\n[{name}] delivered {len(counts)}/{expected} unique, {duplicates} duplicates, "
+        f"{missing} missing; lateness ms p50={p50} p99={p99} max={max(lateness, default=0)} "
+        f"min={min(lateness, default=0)}"
+    )
     return missing, duplicates
 
 
@@ -81,8 +86,11 @@ def test_10000_random_due_times_all_arrive_once_in_due_order(
     assert missing == 0 and duplicates == 0
     assert all(d.received_ms >= due_of(d) for d in deliveries), "a retry arrived early"
     for partition in range(3):
-        dues = [due_of(d) for d in sorted(deliveries, key=lambda d: d.offset)
-                if d.partition == partition]  # fmt: skip
+        dues = [
+            due_of(d)
+            for d in sorted(deliveries, key=lambda d: d.offset)
+            if d.partition == partition
+        ]
         assert dues == sorted(dues), f"partition {partition} out of due order"
     assert pending_count(db) == 0
 
@@ -155,8 +163,12 @@ def test_postgres_down_for_10s_under_load_loses_nothing(
     bootstrap: str, own_postgres: LocalPostgres, new_topic: Callable[..., str]
 ) -> None:
     destination = new_topic("outage", partitions=2)
-    settings = settings_for(bootstrap, own_postgres.url(), allowed_destinations=[destination],
-                            store_retry_max_seconds=1.0)  # fmt: skip
+    settings = settings_for(
+        bootstrap,
+        own_postgres.url(),
+        allowed_destinations=[destination],
+        store_retry_max_seconds=1.0,
+    )
     total = 0
     with running_service(settings) as service:
         collector = Collector(bootstrap, destination)
@@ -184,8 +196,9 @@ def test_postgres_down_for_10s_under_load_loses_nothing(
         collector.close()
         errors = service.metrics.store_errors.labels("insert")._value.get()
         ready = service.readiness()
-    missing, _duplicates = report(f"PostgreSQL down {restarted_at - stopped_at:.1f}s", deliveries,
-                                 total)  # fmt: skip
+    missing, _duplicates = report(
+        f"PostgreSQL down {restarted_at - stopped_at:.1f}s", deliveries, total
+    )
     assert errors > 0, "the outage was not noticed: the test did not test anything"
     assert missing == 0, f"{missing} requests lost"
     assert all(ready.values()), ready

@@ -42,8 +42,12 @@ def test_serve_without_settings_uses_the_local_stack_and_says_where_it_listens(
     env.update(REDRIVE_STATE_DIR=str(local_stack.root), REDRIVE_HTTP_PORT="0")
     log_path = tmp_path / "serve.log"
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "redrive.cli", "serve"], env=env,
-                                stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "redrive.cli", "serve"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.monotonic() + 60
         match = None
@@ -107,9 +111,13 @@ def test_serve_without_settings_uses_the_local_stack_and_says_where_it_listens(
 def test_a_bad_setting_stops_start_up_naming_it(env: dict[str, str], expected: str) -> None:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("REDRIVE_")}
     result = subprocess.run(
-        [sys.executable, "-m", "redrive.cli", "serve"], env={**clean, **env},
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        [sys.executable, "-m", "redrive.cli", "serve"],
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode == 2, result.stdout + result.stderr
     assert expected in result.stderr
     assert "Traceback" not in result.stderr
@@ -120,9 +128,13 @@ def test_a_yaml_file_with_an_unknown_key_is_refused(tmp_path: Path) -> None:
     config.write_text("requests_topic: retries\nallowed_destnations: [orders]\n")
     clean = {k: v for k, v in os.environ.items() if not k.startswith("REDRIVE_")}
     result = subprocess.run(
-        [sys.executable, "-m", "redrive.cli", "serve", "--config", str(config)], env=clean,
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        [sys.executable, "-m", "redrive.cli", "serve", "--config", str(config)],
+        env=clean,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 2
     assert "allowed_destnations" in result.stderr
     assert "Extra inputs are not permitted" in result.stderr

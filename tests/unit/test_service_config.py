@@ -52,8 +52,9 @@ def test_missing_config_file_is_named(tmp_path: Path) -> None:
 
 
 def test_allowlist_globs_and_the_doors_always_closed() -> None:
-    settings = ServiceSettings(allowed_destinations=["orders", "items.*"],
-                               requests_topic="redrive.requests")  # fmt: skip
+    settings = ServiceSettings(
+        allowed_destinations=["orders", "items.*"], requests_topic="redrive.requests"
+    )
     assert settings.destination_allowed("orders")
     assert settings.destination_allowed("items.eu")
     assert not settings.destination_allowed("orders2")

@@ -26,10 +26,19 @@ def incoming(headers: list[tuple[str, bytes | None]], value: bytes | None = b"v"
 
 
 def test_a_valid_request_becomes_a_pending_retry_keeping_everything() -> None:
-    headers = encode(RetryHeaders(destination="orders", retry_at=NOW + 5_000, attempt=2,
-                                  partition=1, group="g", original_topic="orders",
-                                  original_partition=0, original_offset=7),
-                     [("mine", b"\xff")])  # fmt: skip
+    headers = encode(
+        RetryHeaders(
+            destination="orders",
+            retry_at=NOW + 5_000,
+            attempt=2,
+            partition=1,
+            group="g",
+            original_topic="orders",
+            original_partition=0,
+            original_offset=7,
+        ),
+        [("mine", b"\xff")],
+    )
     result = classify(incoming(headers), RULES, NOW)
     assert isinstance(result, PendingRetry)
     assert (result.due_ms, result.destination, result.partition) == (NOW + 5_000, "orders", 1)
@@ -79,8 +88,12 @@ def test_refusals_name_the_problem(
 
 
 def test_undecodable_headers_still_keep_what_is_readable() -> None:
-    headers = [("redrive-destination", b"orders"), ("redrive-retry-at", b"soon"),
-               ("redrive-error-type", b"app.Boom"), ("x", b"\x00")]  # fmt: skip
+    headers = [
+        ("redrive-destination", b"orders"),
+        ("redrive-retry-at", b"soon"),
+        ("redrive-error-type", b"app.Boom"),
+        ("x", b"\x00"),
+    ]
     result = classify(incoming(headers), RULES, NOW)
     assert isinstance(result, DeadLetter)
     assert result.reason_code == Reason.INVALID_REQUEST
@@ -89,21 +102,45 @@ def test_undecodable_headers_still_keep_what_is_readable() -> None:
 
 
 header_names = st.one_of(
-    st.sampled_from(["redrive-destination", "redrive-retry-at", "redrive-attempt",
-                     "redrive-partition", "redrive-deadline", "redrive-send-to",
-                     "redrive-group", "redrive-x", "user"]),
+    st.sampled_from(
+        [
+            "redrive-destination",
+            "redrive-retry-at",
+            "redrive-attempt",
+            "redrive-partition",
+            "redrive-deadline",
+            "redrive-send-to",
+            "redrive-group",
+            "redrive-x",
+            "user",
+        ]
+    ),
     st.text(max_size=20),
-)  # fmt: skip
+)
 header_values = st.one_of(
-    st.none(), st.binary(max_size=40),
-    st.sampled_from([b"orders", b"items", b"1", b"0", b"-1", b"dlq", b"retry",
-                     str(NOW + 1000).encode(), b"99999999999999999999999"]),
-)  # fmt: skip
+    st.none(),
+    st.binary(max_size=40),
+    st.sampled_from(
+        [
+            b"orders",
+            b"items",
+            b"1",
+            b"0",
+            b"-1",
+            b"dlq",
+            b"retry",
+            str(NOW + 1000).encode(),
+            b"99999999999999999999999",
+        ]
+    ),
+)
 
 
 @settings(max_examples=400, deadline=None)
-@given(headers=st.lists(st.tuples(header_names, header_values), max_size=10),
-       value=st.one_of(st.none(), st.binary(max_size=10)))  # fmt: skip
+@given(
+    headers=st.lists(st.tuples(header_names, header_values), max_size=10),
+    value=st.one_of(st.none(), st.binary(max_size=10)),
+)
 def test_any_message_ends_as_exactly_one_outcome_and_never_raises(
     headers: list[tuple[str, bytes | None]], value: bytes | None
 ) -> None:

@@ -39,11 +39,16 @@ def run(*, oneshot: bool = False) -> int:
         error_message="item 626bd1bd not found",
     )
     producer = Producer({"bootstrap.servers": status.bootstrap})
-    producer.produce(topic, key=b"626bd1bd", value=b'{"status": "ACTIVE"}',
-                     headers=kafka_headers(encode(request, [("trace-id", b"demo")])))  # fmt: skip
+    producer.produce(
+        topic,
+        key=b"626bd1bd",
+        value=b'{"status": "ACTIVE"}',
+        headers=kafka_headers(encode(request, [("trace-id", b"demo")])),
+    )
     producer.flush(10)
-    consumer = Consumer({"bootstrap.servers": status.bootstrap, "group.id": topic,
-                         "auto.offset.reset": "earliest"})  # fmt: skip
+    consumer = Consumer(
+        {"bootstrap.servers": status.bootstrap, "group.id": topic, "auto.offset.reset": "earliest"}
+    )
     consumer.subscribe([topic])
     msg = None
     deadline = time.monotonic() + 30
@@ -56,8 +61,10 @@ def run(*, oneshot: bool = False) -> int:
     decoded, user_headers = decode(headers_of(msg))
     print(f"sent and read back a retry request on {topic}:")
     print(f"  key {msg.key()!r}  value {msg.value()!r}")
-    print(f"  destination {decoded.destination}, attempt {decoded.attempt}, "
-          f"error {decoded.error_type}: {decoded.error_message}")  # fmt: skip
+    print(
+        f"  destination {decoded.destination}, attempt {decoded.attempt}, "
+        f"error {decoded.error_type}: {decoded.error_message}"
+    )
     print(f"  user headers kept: {user_headers}")
     print(f"Kafka at {status.bootstrap}, PostgreSQL at {status.database_url}")
     print("Stop the stack with: redrive local down")

@@ -49,10 +49,14 @@ def fetch(pom_name: str, what: str, *, quiet: bool = False) -> Path:
     if not quiet:
         print(f"Fetching {what} from Maven Central into {target} (first run only)...", flush=True)
     cmd = [
-        mvn, "-B", "-f", str(resource(pom_name)),
+        mvn,
+        "-B",
+        "-f",
+        str(resource(pom_name)),
         "dependency:copy-dependencies",
-        f"-DoutputDirectory={target}", "-DincludeScope=runtime",
-    ]  # fmt: skip
+        f"-DoutputDirectory={target}",
+        "-DincludeScope=runtime",
+    ]
     log_lines: list[str] = []
     count = 0
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:

@@ -151,10 +151,19 @@ class LocalKafka:
             self.data_dir.mkdir(parents=True, exist_ok=True)
             fmt = subprocess.run(
                 # "=" form: a random id may begin with "-", which would read as an option.
-                [java, "-cp", classpath, "kafka.tools.StorageTool", "format",
-                 f"--cluster-id={_cluster_id()}", f"--config={self.config_file}"],
-                capture_output=True, text=True, check=False,
-            )  # fmt: skip
+                [
+                    java,
+                    "-cp",
+                    classpath,
+                    "kafka.tools.StorageTool",
+                    "format",
+                    f"--cluster-id={_cluster_id()}",
+                    f"--config={self.config_file}",
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
             if fmt.returncode != 0:
                 raise ConfigError(
                     "kafka data folder",
@@ -162,17 +171,28 @@ class LocalKafka:
                     f"remove {self.data_dir} and run again",
                 )
         cmd = [
-            java, f"-Xmx{self.heap}", f"-Xms{self.heap}", "-XX:+UseG1GC",
-            "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true",
+            java,
+            f"-Xmx{self.heap}",
+            f"-Xms{self.heap}",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={resource('log4j2.properties')}",
             f"-Dkafka.logs.dir={self.root}",
-            "-cp", classpath, "kafka.Kafka", str(self.config_file),
-        ]  # fmt: skip
+            "-cp",
+            classpath,
+            "kafka.Kafka",
+            str(self.config_file),
+        ]
         with open(self.log_file, "ab") as log:
             proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                cwd=self.root, start_new_session=True,
-            )  # fmt: skip
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.root,
+                start_new_session=True,
+            )
         write_pid(self.pid_file, proc.pid)
         if not quiet:
             print(f"Starting Kafka broker on {self.bootstrap} (pid {proc.pid})...", flush=True)

@@ -103,9 +103,14 @@ class LocalPostgres:
 
     def _run(self, args: list[str], user: str | None) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            args, capture_output=True, text=True, check=False, user=user,
-            stdin=subprocess.DEVNULL, cwd=self.root,
-        )  # fmt: skip
+            args,
+            capture_output=True,
+            text=True,
+            check=False,
+            user=user,
+            stdin=subprocess.DEVNULL,
+            cwd=self.root,
+        )
 
     def _init(self, user: str | None) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -120,11 +125,20 @@ class LocalPostgres:
         if (self.data_dir / "PG_VERSION").exists():
             return
         result = self._run(
-            [str(BIN / "initdb"), "-D", str(self.data_dir), "-U", SUPERUSER,
-             "--auth-host=scram-sha-256", "--auth-local=scram-sha-256",
-             f"--pwfile={self.password_file}", "--encoding=UTF8", "--locale=C"],
+            [
+                str(BIN / "initdb"),
+                "-D",
+                str(self.data_dir),
+                "-U",
+                SUPERUSER,
+                "--auth-host=scram-sha-256",
+                "--auth-local=scram-sha-256",
+                f"--pwfile={self.password_file}",
+                "--encoding=UTF8",
+                "--locale=C",
+            ],
             user,
-        )  # fmt: skip
+        )
         if result.returncode != 0:
             raise ConfigError(
                 "postgres data folder",
@@ -153,10 +167,21 @@ class LocalPostgres:
             "-c max_connections=200 -c shared_buffers=256MB"
         )
         result = self._run(
-            [str(BIN / "pg_ctl"), "-D", str(self.data_dir), "-l", str(self.log_file),
-             "-w", "-t", "60", "-o", options, "start"],
+            [
+                str(BIN / "pg_ctl"),
+                "-D",
+                str(self.data_dir),
+                "-l",
+                str(self.log_file),
+                "-w",
+                "-t",
+                "60",
+                "-o",
+                options,
+                "start",
+            ],
             user,
-        )  # fmt: skip
+        )
         if result.returncode != 0:
             raise ConfigError(
                 "postgres server",

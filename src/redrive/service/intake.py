@@ -55,14 +55,16 @@ class Intake:
         self.metrics = metrics
         self.stop = stop
         self.on_scheduled = on_scheduled
-        self.consumer = Consumer({
-            **kafka_config,
-            "group.id": settings.group_id,
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "auto.offset.reset": "earliest",
-            "fetch.wait.max.ms": 50,
-        })  # fmt: skip
+        self.consumer = Consumer(
+            {
+                **kafka_config,
+                "group.id": settings.group_id,
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "auto.offset.reset": "earliest",
+                "fetch.wait.max.ms": 50,
+            }
+        )
         self.mirror = (
             Producer({**kafka_config, "enable.idempotence": True})
             if (settings.mirror_dead_letters)
@@ -73,8 +75,7 @@ class Intake:
     def run(self) -> None:
         """Consume until `stop` is set; then close the consumer (leaving the group)."""
         self.consumer.subscribe([self.settings.requests_topic])
-        log.info("intake started", topic=self.settings.requests_topic,
-                 group=self.settings.group_id)  # fmt: skip
+        log.info("intake started", topic=self.settings.requests_topic, group=self.settings.group_id)
         try:
             while not self.stop.is_set():
                 messages = self.consumer.consume(self.settings.intake_batch_size, timeout=0.2)
@@ -108,9 +109,14 @@ class Intake:
         self._commit(incoming)
         for letter in dead:
             assert letter.request is not None
-            log.warning("request refused", topic=letter.request.topic,
-                        partition=letter.request.partition, offset=letter.request.offset,
-                        destination=letter.topic, reason=letter.reason)  # fmt: skip
+            log.warning(
+                "request refused",
+                topic=letter.request.topic,
+                partition=letter.request.partition,
+                offset=letter.request.offset,
+                destination=letter.topic,
+                reason=letter.reason,
+            )
         if pending:
             self.on_scheduled(min(p.due_ms for p in pending))
 
@@ -133,8 +139,9 @@ class Intake:
                 return pending, dead
             except MetadataUnavailable as exc:
                 attempt += 1
-                log.warning("topic metadata unavailable; intake waits", error=str(exc),
-                            attempt=attempt)  # fmt: skip
+                log.warning(
+                    "topic metadata unavailable; intake waits", error=str(exc), attempt=attempt
+                )
                 if not self._pause_for(attempt):
                     return None, None
 
@@ -156,8 +163,12 @@ class Intake:
                 attempt += 1
                 self.healthy = False
                 self.metrics.store_errors.labels("insert").inc()
-                log.warning("store unavailable; intake paused, batch kept", error=str(exc),
-                            batch=len(pending) + len(dead), attempt=attempt)  # fmt: skip
+                log.warning(
+                    "store unavailable; intake paused, batch kept",
+                    error=str(exc),
+                    batch=len(pending) + len(dead),
+                    attempt=attempt,
+                )
                 if not self._pause_for(attempt):
                     return False
 
@@ -200,6 +211,10 @@ class Intake:
             return
         for letter in dead:
             headers = [*letter.headers, (DEAD_LETTER_REASON_HEADER, letter.reason.encode())]
-            self.mirror.produce(self.settings.dlq_topic, key=letter.key, value=letter.value,
-                                headers=kafka_headers(headers))  # fmt: skip
+            self.mirror.produce(
+                self.settings.dlq_topic,
+                key=letter.key,
+                value=letter.value,
+                headers=kafka_headers(headers),
+            )
         self.mirror.flush(30)

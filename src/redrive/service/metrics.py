@@ -47,35 +47,47 @@ class ServiceMetrics:
         self.registry = CollectorRegistry()
         r = self.registry
         self.received = Counter(
-            "redrive_requests_received", "Retry requests read from the requests topic.",
+            "redrive_requests_received",
+            "Retry requests read from the requests topic.",
             registry=r,
-        )  # fmt: skip
+        )
         self.invalid = Counter(
-            "redrive_requests_invalid", "Requests refused (they became dead letters).",
-            ["reason"], registry=r,
-        )  # fmt: skip
+            "redrive_requests_invalid",
+            "Requests refused (they became dead letters).",
+            ["reason"],
+            registry=r,
+        )
         self.scheduled = Counter(
             "redrive_requests_scheduled", "Requests stored as pending retries.", registry=r
         )
         self.published = Counter(
-            "redrive_retries_published", "Retries delivered to their destination.",
-            ["destination"], registry=r,
-        )  # fmt: skip
+            "redrive_retries_published",
+            "Retries delivered to their destination.",
+            ["destination"],
+            registry=r,
+        )
         self.dead_lettered = Counter(
-            "redrive_dead_lettered", "Messages written to the dead-letter store.",
-            ["reason"], registry=r,
-        )  # fmt: skip
+            "redrive_dead_lettered",
+            "Messages written to the dead-letter store.",
+            ["reason"],
+            registry=r,
+        )
         self.store_errors = Counter(
-            "redrive_store_errors", "Failed attempts to reach PostgreSQL.", ["operation"],
+            "redrive_store_errors",
+            "Failed attempts to reach PostgreSQL.",
+            ["operation"],
             registry=r,
-        )  # fmt: skip
+        )
         self.delivery_errors = Counter(
-            "redrive_delivery_errors", "Failed deliveries to a destination.", ["error"],
+            "redrive_delivery_errors",
+            "Failed deliveries to a destination.",
+            ["error"],
             registry=r,
-        )  # fmt: skip
+        )
         self.lateness = Histogram(
             "redrive_retry_lateness_seconds",
             "Broker acknowledgement time minus due time of each delivered retry.",
-            buckets=LATENESS_BUCKETS, registry=r,
-        )  # fmt: skip
+            buckets=LATENESS_BUCKETS,
+            registry=r,
+        )
         r.register(_PendingCollector(pending_by_destination))

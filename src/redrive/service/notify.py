@@ -35,6 +35,7 @@ def listen(database_url: str, wake: Callable[[int], None], stop: threading.Event
                             wake(0)
         except psycopg.OperationalError as exc:
             failures += 1
-            log.warning("notification listener disconnected", error=str(exc).strip(),
-                        attempt=failures)  # fmt: skip
+            log.warning(
+                "notification listener disconnected", error=str(exc).strip(), attempt=failures
+            )
             stop.wait(min(0.2 * 2**failures, 10.0))

@@ -83,8 +83,12 @@ def classify(msg: Incoming, rules: IntakeRules, now_ms: int) -> PendingRetry | D
             f"destination not allowed: {request.destination!r} is not in the allowlist",
         )
     if request.send_to == "dlq":
-        return dead(Reason.SENT_TO_DLQ, "sent to the dead letters by its consumer "
-                    f"(redrive-send-to: dlq) after attempt {request.attempt}")  # fmt: skip
+        why = f": {request.reason}" if request.reason else ""
+        return dead(
+            Reason.SENT_TO_DLQ,
+            "sent to the dead letters by its consumer "
+            f"(redrive-send-to: dlq) after attempt {request.attempt}{why}",
+        )
     if not msg.value:
         return dead(
             Reason.EMPTY_VALUE,
@@ -152,21 +156,35 @@ def _dead(msg: Incoming, request: RetryHeaders | None, code: str, reason: str) -
     """
     if request is not None:
         return DeadLetter(
-            topic=request.destination, key=msg.key, value=msg.value, headers=msg.headers,
-            reason_code=code, reason=reason, source=SOURCE, attempt=request.attempt,
-            group=request.group, original_topic=request.original_topic,
+            topic=request.destination,
+            key=msg.key,
+            value=msg.value,
+            headers=msg.headers,
+            reason_code=code,
+            reason=reason,
+            source=SOURCE,
+            attempt=request.attempt,
+            group=request.group,
+            original_topic=request.original_topic,
             original_partition=request.original_partition,
             original_offset=request.original_offset,
-            original_timestamp=request.original_timestamp, error_type=request.error_type,
-            error_message=request.error_message, error_trace=request.error_trace,
+            original_timestamp=request.original_timestamp,
+            error_type=request.error_type,
+            error_message=request.error_message,
+            error_trace=request.error_trace,
             request=msg.coordinates,
-        )  # fmt: skip
+        )
     raw, _ = split_headers(msg.headers)
     return DeadLetter(
         topic=(_text(raw.get("redrive-destination")) or "")[:249] or None,
-        key=msg.key, value=msg.value, headers=msg.headers, reason_code=code, reason=reason,
-        source=SOURCE, group=(_text(raw.get("redrive-group")) or "")[:1024] or None,
+        key=msg.key,
+        value=msg.value,
+        headers=msg.headers,
+        reason_code=code,
+        reason=reason,
+        source=SOURCE,
+        group=(_text(raw.get("redrive-group")) or "")[:1024] or None,
         error_type=(_text(raw.get("redrive-error-type")) or "")[:1024] or None,
         error_message=(_text(raw.get("redrive-error-message")) or "")[:1024] or None,
         request=msg.coordinates,
-    )  # fmt: skip
+    )

@@ -80,12 +80,14 @@ class Scheduler:
         self.metrics = metrics
         self.stop = stop
         self.owner = f"{settings.group_id}-{uuid.uuid4().hex[:12]}"
-        self.producer = Producer({
-            **kafka_config,
-            "enable.idempotence": True,  # acks=all, ordered, no duplicates from retries
-            "linger.ms": 2,
-            "compression.type": "lz4",
-        })  # fmt: skip
+        self.producer = Producer(
+            {
+                **kafka_config,
+                "enable.idempotence": True,  # acks=all, ordered, no duplicates from retries
+                "linger.ms": 2,
+                "compression.type": "lz4",
+            }
+        )
         self._wakeup = threading.Event()
         self._planned_wake_ms: float = math.inf
         self.healthy = True
@@ -120,8 +122,11 @@ class Scheduler:
                     self.healthy = False
                     self.metrics.store_errors.labels("schedule").inc()
                     backoff = min(0.2 * 2 ** (failures - 1), self.settings.store_retry_max_seconds)
-                    log.warning("store unavailable; scheduler waits", error=str(exc),
-                                retry_in_s=round(backoff, 2))  # fmt: skip
+                    log.warning(
+                        "store unavailable; scheduler waits",
+                        error=str(exc),
+                        retry_in_s=round(backoff, 2),
+                    )
                     self.stop.wait(backoff)
                     continue
                 sleep_s = MAX_IDLE_S if next_ms is None else (next_ms - now) / 1000
@@ -138,9 +143,11 @@ class Scheduler:
         """Claim and deliver one batch of due rows. False if nothing was due."""
         lease_ms = int(self.settings.lease_seconds * 1000)
         claimed = self.store.claim_due(
-            now_ms=now_ms(), limit=self.settings.scheduler_batch_size, owner=self.owner,
+            now_ms=now_ms(),
+            limit=self.settings.scheduler_batch_size,
+            owner=self.owner,
             lease_ms=lease_ms,
-        )  # fmt: skip
+        )
         if not claimed:
             return False
         now = now_ms()
@@ -168,9 +175,12 @@ class Scheduler:
             return callback
 
         for row in rows:
-            kwargs: dict[str, Any] = {"key": row.key, "value": row.value,
-                                      "headers": kafka_headers(row.headers),
-                                      "on_delivery": delivered(row)}  # fmt: skip
+            kwargs: dict[str, Any] = {
+                "key": row.key,
+                "value": row.value,
+                "headers": kafka_headers(row.headers),
+                "on_delivery": delivered(row),
+            }
             if row.partition is not None:
                 kwargs["partition"] = row.partition
             while True:
@@ -198,12 +208,18 @@ class Scheduler:
     def _settle(self, outcome: _Outcome, expired: list[ClaimedRetry]) -> None:
         """Record what happened in the store; wait out a store outage, never forget acks."""
         acked_ids = [r.id for r in outcome.acked]
-        dead = [(r.id, "delivery_failed",
-                 f"delivery to {r.destination!r} failed for good: {err.str()}")
-                for r, err in outcome.permanent]  # fmt: skip
-        dead += [(r.id, "deadline_passed",
-                  f"deadline passed while pending: redrive-deadline {r.deadline_ms}, "
-                  f"due {r.due_ms}") for r in expired]  # fmt: skip
+        dead = [
+            (r.id, "delivery_failed", f"delivery to {r.destination!r} failed for good: {err.str()}")
+            for r, err in outcome.permanent
+        ]
+        dead += [
+            (
+                r.id,
+                "deadline_passed",
+                f"deadline passed while pending: redrive-deadline {r.deadline_ms}, due {r.due_ms}",
+            )
+            for r in expired
+        ]
         transient_ids = [r.id for r, _ in outcome.transient]
         failures = 0
         while True:
@@ -219,8 +235,9 @@ class Scheduler:
                 self.metrics.store_errors.labels("settle").inc()
                 if self.stop.is_set() and failures > 3:
                     # Leases expire and the rows are delivered again: at-least-once.
-                    log.warning("stopping with deliveries unrecorded; they will repeat",
-                                rows=len(acked_ids))  # fmt: skip
+                    log.warning(
+                        "stopping with deliveries unrecorded; they will repeat", rows=len(acked_ids)
+                    )
                     return
                 self.stop.wait(min(0.2 * 2**failures, self.settings.store_retry_max_seconds))
                 log.warning("store unavailable while recording deliveries", error=str(exc))
@@ -229,14 +246,26 @@ class Scheduler:
         for row, err in outcome.permanent:
             self.metrics.dead_lettered.labels("delivery_failed").inc()
             self.metrics.delivery_errors.labels(err.name()).inc()
-            log.error("delivery failed for good; dead-lettered", destination=row.destination,
-                      partition=row.partition, row_id=row.id, error=err.str())  # fmt: skip
+            log.error(
+                "delivery failed for good; dead-lettered",
+                destination=row.destination,
+                partition=row.partition,
+                row_id=row.id,
+                error=err.str(),
+            )
         for row in expired:
             self.metrics.dead_lettered.labels("deadline_passed").inc()
-            log.warning("deadline passed while pending; dead-lettered",
-                        destination=row.destination, row_id=row.id)  # fmt: skip
+            log.warning(
+                "deadline passed while pending; dead-lettered",
+                destination=row.destination,
+                row_id=row.id,
+            )
         for row, maybe_err in outcome.transient:
             name = maybe_err.name() if maybe_err is not None else "timeout"
             self.metrics.delivery_errors.labels(name).inc()
-            log.warning("delivery failed; will retry", destination=row.destination,
-                        row_id=row.id, error=name)  # fmt: skip
+            log.warning(
+                "delivery failed; will retry",
+                destination=row.destination,
+                row_id=row.id,
+                error=name,
+            )

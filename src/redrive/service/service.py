@@ -110,11 +110,14 @@ class RetryService:
             ) from None
         metadata = TopicMetadata(admin)
         if s.allowed_destinations == ["*"]:
-            log.warning("no destination allowlist configured: requests may target any topic "
-                        "but internal ones; set allowed_destinations")  # fmt: skip
+            log.warning(
+                "no destination allowlist configured: requests may target any topic "
+                "but internal ones; set allowed_destinations"
+            )
         if "scheduler" in s.roles:
-            self.scheduler = Scheduler(s, self.kafka_config, self.store, self.metrics,
-                                       self.stop_event)  # fmt: skip
+            self.scheduler = Scheduler(
+                s, self.kafka_config, self.store, self.metrics, self.stop_event
+            )
             self._spawn("scheduler", self.scheduler.run)
             self._spawn("notify", lambda: listen(self.database_url, self._wake, self.stop_event))
         if "intake" in s.roles:
@@ -123,13 +126,24 @@ class RetryService:
                 partitions_of=metadata.partitions_of,
                 max_delay_ms=int(s.max_delay_days * 86_400_000),
             )
-            self.intake = Intake(s, self.kafka_config, self.store, rules, self.metrics,
-                                 self.stop_event, on_scheduled=self._wake)  # fmt: skip
+            self.intake = Intake(
+                s,
+                self.kafka_config,
+                self.store,
+                rules,
+                self.metrics,
+                self.stop_event,
+                on_scheduled=self._wake,
+            )
             self._spawn("intake", self.intake.run)
         self._start_http()
-        log.info("redrive serve started", bootstrap=self.bootstrap,
-                 database=_redact(self.database_url), roles=list(s.roles),
-                 http=f"http://{s.http_host}:{self.http_port}")  # fmt: skip
+        log.info(
+            "redrive serve started",
+            bootstrap=self.bootstrap,
+            database=_redact(self.database_url),
+            roles=list(s.roles),
+            http=f"http://{s.http_host}:{self.http_port}",
+        )
 
     def _wake(self, due_ms: int) -> None:
         if self.scheduler is not None:
@@ -150,8 +164,13 @@ class RetryService:
 
     def _start_http(self) -> None:
         s = self.settings
-        config = uvicorn.Config(create_app(self), host=s.http_host, port=s.http_port,
-                                log_level="warning", access_log=False)  # fmt: skip
+        config = uvicorn.Config(
+            create_app(self),
+            host=s.http_host,
+            port=s.http_port,
+            log_level="warning",
+            access_log=False,
+        )
         self._http = uvicorn.Server(config)
         thread = threading.Thread(target=self._http.run, name="redrive-http", daemon=True)
         thread.start()

@@ -191,23 +191,47 @@ ON CONFLICT DO NOTHING
 
 def _pending_params(row: PendingRetry) -> tuple[Any, ...]:
     return (
-        row.due_ms, row.destination, row.partition, row.key, row.value,
-        headers_to_json(row.headers), row.attempt, clean_text(row.group), row.deadline_ms,
-        row.original_topic, row.original_partition, row.original_offset,
-        row.request.topic, row.request.partition, row.request.offset,
-    )  # fmt: skip
+        row.due_ms,
+        row.destination,
+        row.partition,
+        row.key,
+        row.value,
+        headers_to_json(row.headers),
+        row.attempt,
+        clean_text(row.group),
+        row.deadline_ms,
+        row.original_topic,
+        row.original_partition,
+        row.original_offset,
+        row.request.topic,
+        row.request.partition,
+        row.request.offset,
+    )
 
 
 def _dead_params(row: DeadLetter) -> tuple[Any, ...]:
     req = row.request
     return (
-        clean_text(row.topic), row.key, row.value, headers_to_json(row.headers), row.attempt,
-        clean_text(row.group), clean_text(row.original_topic), row.original_partition,
-        row.original_offset, row.original_timestamp, clean_text(row.error_type),
-        clean_text(row.error_message), clean_text(row.error_trace), row.reason_code,
-        clean_text(row.reason), row.source,
-        req.topic if req else None, req.partition if req else None, req.offset if req else None,
-    )  # fmt: skip
+        clean_text(row.topic),
+        row.key,
+        row.value,
+        headers_to_json(row.headers),
+        row.attempt,
+        clean_text(row.group),
+        clean_text(row.original_topic),
+        row.original_partition,
+        row.original_offset,
+        row.original_timestamp,
+        clean_text(row.error_type),
+        clean_text(row.error_message),
+        clean_text(row.error_trace),
+        row.reason_code,
+        clean_text(row.reason),
+        row.source,
+        req.topic if req else None,
+        req.partition if req else None,
+        req.offset if req else None,
+    )
 
 
 class Store:
@@ -283,11 +307,18 @@ class Store:
                 {"now": now_ms, "limit": limit, "lease_until": now_ms + lease_ms, "owner": owner},
             ).fetchall()
         claimed = [
-            ClaimedRetry(id=r[0], due_ms=r[1], destination=r[2], partition=r[3],
-                         key=r[4], value=r[5], headers=headers_from_json(r[6]),
-                         deadline_ms=r[7])
+            ClaimedRetry(
+                id=r[0],
+                due_ms=r[1],
+                destination=r[2],
+                partition=r[3],
+                key=r[4],
+                value=r[5],
+                headers=headers_from_json(r[6]),
+                deadline_ms=r[7],
+            )
             for r in rows
-        ]  # fmt: skip
+        ]
         claimed.sort(key=lambda c: (c.due_ms, c.id))
         return claimed
 

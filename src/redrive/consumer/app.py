@@ -1,0 +1,593 @@
+"""`redrive.App`: register handlers with a policy and a strategy, then run the loop.
+
+One App is one consumer group on one confluent-kafka Consumer. The loop reads a
+batch, runs each record's handler, and decides what happens on failure with the
+handler's policy; the strategy decides how the waiting happens:
+
+- blocking: the record is sought back and its partition paused until the retry is
+  due; other partitions flow, and the loop keeps polling (no sleep, no rebalance).
+- pause: the same, but every assigned partition waits (a circuit breaker).
+- topics: the record goes to the tier topic of its delay, `<topic>.retry.<delay>`;
+  the app reads the tiers too and handles a tier record once it is due, pausing
+  the tier partition until its head record is due.
+- service: the record goes to the retry service's requests topic with the contract
+  headers; the service brings it back when due.
+
+Offsets are committed only past records dealt with: handled, or handed off to Kafka
+and acknowledged. On a revoke the loop commits what it dealt with and forgets the
+paused state of the partitions it loses.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any, TypeVar
+
+import structlog
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Message as KafkaMessage
+from confluent_kafka.admin import AdminClient
+from prometheus_client import CollectorRegistry
+
+from redrive.consumer.message import Message
+from redrive.consumer.metrics import ConsumerMetrics
+from redrive.consumer.offsets import OffsetTracker, Partition
+from redrive.consumer.pauses import PauseBook
+from redrive.consumer.publisher import Publisher
+from redrive.consumer.routes import DeadLetterTarget, Kind, Route, Strategy
+from redrive.consumer.topics import create_derived_topics
+from redrive.errors import ConfigError
+from redrive.headers import (
+    Header,
+    RetryHeaders,
+    describe_error,
+    is_redrive_header,
+    next_request,
+    read_delivery_headers,
+)
+from redrive.kafka import headers_of
+from redrive.policy import DeadLetter, DeadLetterReason, FatalError, Retry, policy
+
+log = structlog.get_logger("redrive.consumer")
+
+Handler = TypeVar("Handler", bound=Callable[..., Any])
+RetryHook = Callable[[Message, Retry, BaseException], None]
+DeadLetterHook = Callable[[Message | None, DeadLetter, BaseException], None]
+
+DEFAULT_POLICY = "1s, 10s, 1m"
+
+
+class DeserializationError(FatalError):
+    """A record's value could not be deserialized: retrying cannot help."""
+
+
+@dataclass(frozen=True, slots=True)
+class _InPlace:
+    """A record being retried in place (blocking, pause): its failures so far."""
+
+    offset: int
+    failures: int
+    first_failure_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Wait:
+    until_ms: int
+    all_partitions: bool = False
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class App:
+    """A Kafka consumer whose failed records come back when due.
+
+    ``bootstrap`` defaults to REDRIVE_BOOTSTRAP, else ``localhost:9092``. ``kafka``
+    adds librdkafka settings to the consumer and producer alike (security.protocol,
+    sasl.*, ssl.*...). ``requests_topic`` is the retry service's (strategy ``service``).
+    """
+
+    def __init__(
+        self,
+        bootstrap: str | None = None,
+        group: str = "redrive-app",
+        *,
+        kafka: Mapping[str, Any] | None = None,
+        requests_topic: str = "redrive.requests",
+        batch_size: int = 500,
+        commit_interval_s: float = 1.0,
+        poll_timeout_s: float = 0.1,
+        on_retry: RetryHook | None = None,
+        on_dead_letter: DeadLetterHook | None = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.bootstrap = bootstrap or os.environ.get("REDRIVE_BOOTSTRAP", "localhost:9092")
+        self.group = group
+        self.kafka = dict(kafka or {})
+        self.requests_topic = requests_topic
+        self.batch_size = batch_size
+        self.commit_interval_s = commit_interval_s
+        self.poll_timeout_s = poll_timeout_s
+        self.on_retry = on_retry
+        self.on_dead_letter = on_dead_letter
+        self.metrics = ConsumerMetrics(registry)
+        self.routes: dict[str, Route] = {}
+        self._reads: dict[str, tuple[Route, Kind]] = {}
+        self._in_place: dict[Partition, _InPlace] = {}
+        self._stop = threading.Event()
+        self.running = threading.Event()
+        self._consumer: Consumer | None = None
+
+    # ------------------------------------------------------------------ registration
+
+    def handler(
+        self,
+        topic: str,
+        *,
+        policy: Any = DEFAULT_POLICY,
+        strategy: Strategy = "service",
+        retry_on: type[BaseException] | Iterable[type[BaseException]] = (),
+        fatal_on: type[BaseException] | Iterable[type[BaseException]] = (),
+        retryable: Callable[[BaseException], bool | None] | None = None,
+        max_attempts: int | None = None,
+        max_duration: str | float | None = None,
+        value_deserializer: Callable[[bytes | None], Any] | None = None,
+        dead_letters: DeadLetterTarget | None = None,
+        per_group_topic: bool = False,
+    ) -> Callable[[Handler], Handler]:
+        """Decorator: handle records of ``topic`` with this policy and strategy.
+
+        ``policy`` is a schedule (``"5s x3, 30s x2"``, ``"[10, 60]"``,
+        ``"exponential 1s x2 max 1m retries 8"``) or a :class:`redrive.policy.Policy`.
+        ``dead_letters`` is ``"service"`` (the retry service's store; the default with
+        strategy ``service``) or ``"topic"`` (``<topic>.dlq``; the default otherwise).
+        """
+
+        def register(fn: Handler) -> Handler:
+            self.add_handler(
+                topic,
+                fn,
+                policy=policy,
+                strategy=strategy,
+                retry_on=retry_on,
+                fatal_on=fatal_on,
+                retryable=retryable,
+                max_attempts=max_attempts,
+                max_duration=max_duration,
+                value_deserializer=value_deserializer,
+                dead_letters=dead_letters,
+                per_group_topic=per_group_topic,
+            )
+            return fn
+
+        return register
+
+    def add_handler(
+        self,
+        topic: str,
+        fn: Callable[[Message], Any],
+        *,
+        policy: Any = DEFAULT_POLICY,
+        strategy: Strategy = "service",
+        retry_on: type[BaseException] | Iterable[type[BaseException]] = (),
+        fatal_on: type[BaseException] | Iterable[type[BaseException]] = (),
+        retryable: Callable[[BaseException], bool | None] | None = None,
+        max_attempts: int | None = None,
+        max_duration: str | float | None = None,
+        value_deserializer: Callable[[bytes | None], Any] | None = None,
+        dead_letters: DeadLetterTarget | None = None,
+        per_group_topic: bool = False,
+    ) -> None:
+        """The same as :meth:`handler`, without the decorator."""
+        if topic in self._reads:
+            raise ConfigError(f"handler for {topic!r}", "registered twice")
+        from redrive.policy import PolicyError
+
+        try:
+            chosen = _policy(
+                policy,
+                retry_on=retry_on,
+                fatal_on=fatal_on,
+                retryable=retryable,
+                max_attempts=max_attempts,
+                max_duration=max_duration,
+            )
+        except PolicyError as exc:
+            raise ConfigError(f"policy for {topic!r}", str(exc)) from None
+        if per_group_topic and strategy != "service":
+            raise ConfigError(
+                f"per_group_topic for {topic!r}",
+                "only the service strategy delivers to a per-group topic",
+            )
+        target = dead_letters or ("service" if strategy == "service" else "topic")
+        route = Route(
+            topic, fn, chosen, strategy, self.group, value_deserializer, target, per_group_topic
+        )
+        for name, kind in route.topics().items():
+            if name in self._reads:
+                raise ConfigError(f"handler for {topic!r}", f"topic {name!r} is already read")
+            self._reads[name] = (route, kind)
+        self.routes[topic] = route
+
+    # ------------------------------------------------------------------ running
+
+    def stop(self) -> None:
+        """Ask the loop to finish its current record, commit and return (thread-safe)."""
+        self._stop.set()
+
+    def run(self, *, install_signal_handlers: bool = True) -> None:
+        """Consume until :meth:`stop`, SIGTERM or SIGINT; commits what was dealt with."""
+        if not self.routes:
+            raise ConfigError("handlers", "no handler registered", "use @app.handler(topic)")
+        if install_signal_handlers and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, self._on_signal)
+        config = {"bootstrap.servers": self.bootstrap, **self.kafka}
+        create_derived_topics(AdminClient(config), list(self.routes.values()))
+        consumer = Consumer(
+            {
+                **config,
+                "group.id": self.group,
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "auto.offset.reset": "earliest",
+                "on_commit": self._on_commit,
+            }
+        )
+        producer = Producer({**config, "enable.idempotence": True, "linger.ms": 5})
+        self._consumer = consumer
+        self._producer = producer
+        self._publisher = Publisher(producer, self._stop)
+        self._offsets = OffsetTracker()
+        self._pauses = PauseBook(consumer)
+        consumer.subscribe(
+            list(self._reads),
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
+        log.info("consumer started", group=self.group, topics=sorted(self._reads))
+        self.running.set()
+        last_commit = time.monotonic()
+        try:
+            while not self._stop.is_set():
+                self._poll_once()
+                if time.monotonic() - last_commit >= self.commit_interval_s:
+                    self._commit(asynchronous=True)
+                    last_commit = time.monotonic()
+        finally:
+            self._shutdown()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        log.info("signal received; stopping", signal=signal.Signals(signum).name)
+        self._stop.set()
+
+    def _poll_once(self) -> None:
+        assert self._consumer is not None
+        now = _now_ms()
+        self._pauses.resume_due(now)
+        timeout = self.poll_timeout_s
+        next_due = self._pauses.next_due_ms()
+        if next_due is not None:
+            timeout = min(timeout, max(next_due - now, 0) / 1000)
+        records = self._consumer.consume(self.batch_size, timeout)
+        rewound: set[Partition] = set()
+        for index, record in enumerate(records):
+            error = record.error()
+            if error is not None:
+                if error.code() != KafkaError._PARTITION_EOF:
+                    log.warning("consume error", error=error.str())
+                continue
+            topic, partition, offset = record.topic(), record.partition(), record.offset()
+            if topic is None or partition is None or offset is None:
+                continue  # only error events lack coordinates, and those were handled above
+            tp = (topic, partition)
+            if tp in rewound:
+                continue
+            if self._pauses.waiting(tp):
+                # Fetched before its partition was paused, or assigned during a breaker.
+                self._pauses.wait(tp, offset, self._pauses.until(tp))
+                rewound.add(tp)
+                continue
+            outcome = self._process(record, topic, partition, offset)
+            if outcome is None:
+                self._offsets.mark(tp, offset)
+                continue
+            self._pauses.wait(tp, offset, outcome.until_ms)
+            rewound.add(tp)
+            if outcome.all_partitions:
+                for later in records[index + 1 :]:
+                    lt, lp, lo = later.topic(), later.partition(), later.offset()
+                    if (
+                        later.error() is None
+                        and lt is not None
+                        and lp is not None
+                        and ((lt, lp) not in rewound)
+                        and lo is not None
+                    ):
+                        self._consumer.seek(TopicPartition(lt, lp, lo))
+                        rewound.add((lt, lp))
+                self._pauses.pause_all(outcome.until_ms)
+                break
+        self.metrics.waiting_partitions.set(self._pauses.count())
+
+    # ------------------------------------------------------------------ one record
+
+    def _process(
+        self, record: KafkaMessage, topic: str, partition: int, offset: int
+    ) -> _Wait | None:
+        """Deal with one record; None when it is dealt with, else how long to wait."""
+        route, kind = self._reads[topic]
+        headers = headers_of(record)
+        delivery = None
+        if any(is_redrive_header(name) for name, _ in headers):
+            delivery = read_delivery_headers(headers)
+            if delivery is not None and delivery.group not in (None, self.group):
+                delivery = None  # another group's retry of a shared topic: new to us
+        if kind == "tier" and delivery is not None and delivery.retry_at > _now_ms():
+            return _Wait(delivery.retry_at)
+        tp = (topic, partition)
+        state = self._in_place.get(tp)
+        if state is not None and state.offset != offset:
+            state = None
+        failures = state.failures if state else (delivery.attempt if delivery else 0)
+        user_headers = [(k, v) for k, v in headers if not is_redrive_header(k)]
+        raw_value = record.value()
+        message = None
+        try:
+            value = (
+                raw_value
+                if route.value_deserializer is None
+                else route.value_deserializer(raw_value)
+            )
+            message = Message(
+                topic,
+                partition,
+                offset,
+                record.key(),
+                value,
+                raw_value,
+                user_headers,
+                _timestamp(record),
+                failures + 1,
+                delivery,
+            )
+        except Exception as exc:  # noqa: BLE001 - any deserializer failure is the record's
+            error: BaseException = DeserializationError(f"cannot deserialize: {exc!r}")
+            error.__cause__ = exc
+            dead = DeadLetter(
+                DeadLetterReason.FATAL_ERROR,
+                f"fatal error: value cannot be deserialized ({exc!r})",
+                failures + 1,
+            )
+            self._dead_letter(route, record, None, user_headers, delivery, error, dead)
+            return None
+        started = time.perf_counter()
+        try:
+            route.handler(message)
+        except Exception as exc:  # noqa: BLE001 - the handler's failure is what we handle
+            self.metrics.handler_seconds.observe(time.perf_counter() - started)
+            return self._failed(route, record, message, delivery, state, exc)
+        self.metrics.handler_seconds.observe(time.perf_counter() - started)
+        self.metrics.records.labels(route.topic, "handled").inc()
+        if state is not None:
+            del self._in_place[tp]
+        return None
+
+    def _failed(
+        self,
+        route: Route,
+        record: KafkaMessage,
+        message: Message,
+        delivery: RetryHeaders | None,
+        state: _InPlace | None,
+        error: BaseException,
+    ) -> _Wait | None:
+        now = _now_ms()
+        failures = message.attempt
+        original_ts = delivery.original_timestamp if delivery else None
+        decision = route.policy.decide(
+            failures,
+            error,
+            now_ms=now,
+            first_failure_ms=state.first_failure_ms if state else None,
+            record_timestamp_ms=original_ts if original_ts is not None else message.timestamp_ms,
+            deadline_ms=delivery.deadline if delivery else None,
+        )
+        tp = (message.topic, message.partition)
+        log.info(
+            "handler failed",
+            topic=message.topic,
+            partition=message.partition,
+            offset=message.offset,
+            attempt=failures,
+            error=repr(error)[:200],
+            decision=str(decision)
+            if isinstance(decision, DeadLetter)
+            else f"retry in {decision.delay_ms} ms",
+        )
+        if isinstance(decision, DeadLetter):
+            self._in_place.pop(tp, None)
+            self._dead_letter(route, record, message, message.headers, delivery, error, decision)
+            return None
+        self.metrics.records.labels(route.topic, "retried").inc()
+        self._hook(self.on_retry, message, decision, error)
+        if route.strategy in ("blocking", "pause"):
+            first = state.first_failure_ms if state else now
+            self._in_place[tp] = _InPlace(message.offset, failures, first)
+            return _Wait(decision.at_ms, all_partitions=route.strategy == "pause")
+        request = self._request(route, record, message, delivery, error, decision)
+        # A tier has its source's partition count: the record keeps its partition there.
+        destination = route.tier_for(failures) if route.strategy == "topics" else None
+        partition = message.partition if destination is not None else None
+        self._publisher.send(
+            destination or self.requests_topic,
+            key=record.key(),
+            value=message.raw_value,
+            user_headers=message.headers,
+            redrive=request,
+            partition=partition,
+        )
+        return None
+
+    def _request(
+        self,
+        route: Route,
+        record: KafkaMessage,
+        message: Message,
+        delivery: RetryHeaders | None,
+        error: BaseException,
+        decision: Retry,
+    ) -> RetryHeaders:
+        """The contract headers of this record's next retry."""
+        if route.strategy == "topics":
+            destination, partition = route.topic, None
+        else:
+            destination = route.redelivery_topic
+            # Back to the partition it came from, so a key's records stay together.
+            same = destination == message.topic
+            partition = message.partition if same else None
+        return next_request(
+            delivery,
+            destination=destination,
+            retry_at=decision.at_ms,
+            error=error,
+            record_topic=message.topic,
+            record_partition=message.partition,
+            record_offset=message.offset,
+            record_timestamp=message.timestamp_ms,
+            deadline=decision.deadline_ms,
+            group=self.group,
+            partition=partition,
+        )
+
+    def _dead_letter(
+        self,
+        route: Route,
+        record: KafkaMessage,
+        message: Message | None,
+        user_headers: list[Header],
+        delivery: RetryHeaders | None,
+        error: BaseException,
+        dead: DeadLetter,
+    ) -> None:
+        topic, partition, offset = record.topic(), record.partition(), record.offset()
+        info = describe_error(error)
+        headers = next_request(
+            delivery,
+            destination=route.topic,
+            retry_at=_now_ms(),
+            error=info,
+            record_topic=topic,
+            record_partition=partition,
+            record_offset=offset,
+            record_timestamp=_timestamp(record),
+            group=self.group,
+            send_to="dlq",
+            deadline=delivery.deadline if delivery else None,
+            reason=dead.text,
+            attempt=dead.attempt,
+        )
+        target = self.requests_topic if route.dead_letters == "service" else route.dlq_topic
+        self._publisher.send(
+            target,
+            key=record.key(),
+            value=record.value(),
+            user_headers=user_headers,
+            redrive=headers,
+        )
+        self.metrics.records.labels(route.topic, "dead_lettered").inc()
+        log.warning(
+            "dead-lettered",
+            topic=topic,
+            partition=partition,
+            offset=offset,
+            to=target,
+            reason=dead.text,
+        )
+        self._hook(self.on_dead_letter, message, dead, error)
+
+    def _hook(self, hook: Callable[..., None] | None, *args: Any) -> None:
+        if hook is None:
+            return
+        try:
+            hook(*args)
+        except Exception:
+            log.exception("hook failed", hook=getattr(hook, "__name__", repr(hook)))
+
+    # ------------------------------------------------------------------ commits, rebalances
+
+    def _commit(self, *, asynchronous: bool, partitions: set[Partition] | None = None) -> None:
+        assert self._consumer is not None
+        self._publisher.flush()  # hand-offs acknowledged before the offsets move past them
+        offsets = self._offsets.to_commit(partitions)
+        if not offsets:
+            return
+        try:
+            if asynchronous:
+                self._consumer.commit(offsets=offsets, asynchronous=True)
+            else:
+                self._offsets.committed(self._consumer.commit(offsets=offsets, asynchronous=False))
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError._NO_OFFSET:
+                log.warning("commit failed; records may be handled again", error=str(exc))
+
+    def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+        if err is None:
+            self._offsets.committed([tp for tp in partitions if tp.error is None])
+        elif err.code() != KafkaError._NO_OFFSET:
+            log.warning("commit failed; records may be handled again", error=err.str())
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        log.info(
+            "partitions assigned", partitions=[f"{p.topic}[{p.partition}]" for p in partitions]
+        )
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        lost = {(p.topic, p.partition) for p in partitions}
+        try:
+            self._commit(asynchronous=False, partitions=lost)
+        finally:
+            self._forget(lost)
+        log.info("partitions revoked", partitions=sorted(f"{t}[{p}]" for t, p in lost))
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        lost = {(p.topic, p.partition) for p in partitions}
+        self._forget(lost)
+        log.warning("partitions lost", partitions=sorted(f"{t}[{p}]" for t, p in lost))
+
+    def _forget(self, partitions: set[Partition]) -> None:
+        self._offsets.forget(partitions)
+        self._pauses.forget(partitions)
+        for partition in partitions:
+            self._in_place.pop(partition, None)
+
+    def _shutdown(self) -> None:
+        consumer = self._consumer
+        try:
+            self._commit(asynchronous=False)
+        except Exception:
+            log.exception("could not commit on shutdown; records will be handled again")
+        finally:
+            if consumer is not None:
+                consumer.close()
+            self._producer.close()
+            self.running.clear()
+            log.info("consumer stopped", group=self.group)
+
+
+def _policy(spec: Any, **options: Any) -> Any:
+    options = {k: v for k, v in options.items() if v not in (None, ())}
+    return policy(spec, **options)
+
+
+def _timestamp(record: KafkaMessage) -> int | None:
+    kind, value = record.timestamp()
+    return value if kind != 0 and value >= 0 else None

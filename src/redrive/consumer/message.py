@@ -1,0 +1,53 @@
+"""The message a handler receives."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from redrive.headers import Header, RetryHeaders
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One Kafka record handed to a handler, with what redrive knows about its past.
+
+    ``attempt`` counts handler runs for this record: 1 on its first delivery, n + 1 after
+    n failures (whichever strategy brought it back). ``value`` is what the handler's
+    deserializer made of the bytes (the bytes themselves without one); ``raw_value``
+    is always the bytes. ``headers`` are the user's own headers only; the redrive ones
+    are read into ``retry``.
+    """
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: Any
+    raw_value: bytes | None
+    headers: list[Header]
+    timestamp_ms: int | None
+    attempt: int
+    retry: RetryHeaders | None
+    """The redrive headers of a redelivered record (None on a first delivery)."""
+
+    @property
+    def original_topic(self) -> str:
+        """The topic the record was first consumed from (itself on a first delivery)."""
+        if self.retry is not None and self.retry.original_topic:
+            return self.retry.original_topic
+        return self.topic
+
+    @property
+    def original_offset(self) -> int:
+        if self.retry is not None and self.retry.original_offset is not None:
+            return self.retry.original_offset
+        return self.offset
+
+    def header(self, name: str) -> bytes | None:
+        """The last value of one of the user's headers, or None."""
+        found = None
+        for key, value in self.headers:
+            if key == name:
+                found = value
+        return found

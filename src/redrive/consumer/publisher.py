@@ -1,0 +1,96 @@
+"""Hand-offs to Kafka: retry requests, tier records and dead letters.
+
+A hand-off counts only once the broker acknowledged it, since the consumer commits
+the offset past a record right after. `flush` waits for every acknowledgement and
+produces again whatever the broker refused for a passing reason; it gives up only
+when the app is stopping, and then the offsets are not committed (the records come
+back on restart: at-least-once).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from confluent_kafka import KafkaError, Message, Producer
+
+from redrive.headers import Header, RetryHeaders, encode
+from redrive.kafka import kafka_headers
+
+log = structlog.get_logger("redrive.consumer")
+
+
+class HandOffFailed(Exception):
+    """Records could not be handed to Kafka before the app stopped."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Outgoing:
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: list[Header]
+    partition: int | None
+
+
+class Publisher:
+    def __init__(self, producer: Producer, stop: threading.Event) -> None:
+        self._producer = producer
+        self._stop = stop
+        self._failed: list[tuple[_Outgoing, KafkaError]] = []
+        self.in_flight = 0
+
+    def send(
+        self,
+        topic: str,
+        *,
+        key: bytes | None,
+        value: bytes | None,
+        user_headers: list[Header],
+        redrive: RetryHeaders,
+        partition: int | None = None,
+    ) -> None:
+        self._produce(_Outgoing(topic, key, value, encode(redrive, user_headers), partition))
+
+    def _produce(self, out: _Outgoing) -> None:
+        def delivered(err: KafkaError | None, msg: Message) -> None:
+            self.in_flight -= 1
+            if err is not None:
+                self._failed.append((out, err))
+
+        kwargs: dict[str, Any] = {
+            "key": out.key,
+            "value": out.value,
+            "headers": kafka_headers(out.headers),
+            "on_delivery": delivered,
+        }
+        if out.partition is not None:
+            kwargs["partition"] = out.partition
+        while True:
+            try:
+                self._producer.produce(out.topic, **kwargs)
+                self.in_flight += 1
+                return
+            except BufferError:
+                self._producer.poll(0.05)
+
+    def flush(self) -> None:
+        """Return once every hand-off is acknowledged; raise HandOffFailed if stopped first."""
+        while True:
+            self._producer.flush(1.0)
+            failed, self._failed = self._failed, []
+            for out, err in failed:
+                if err.fatal() or not err.retriable():
+                    # Producing it again cannot succeed (too large, not authorized...):
+                    # stop loudly; the record's offset is not committed, nothing is lost.
+                    raise HandOffFailed(f"cannot produce to {out.topic!r}: {err.str()}")
+                log.warning("hand-off refused; producing again", topic=out.topic, error=err.str())
+                self._produce(out)
+            if self.in_flight == 0 and not self._failed:
+                return
+            if self._stop.is_set():
+                raise HandOffFailed(
+                    f"{self.in_flight + len(self._failed)} hand-offs unacknowledged"
+                )

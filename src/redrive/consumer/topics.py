@@ -1,0 +1,54 @@
+"""Creating the topics a consumer app derives from its handlers' topics."""
+
+from __future__ import annotations
+
+import structlog
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+from redrive.consumer.routes import Route
+from redrive.errors import ConfigError
+
+log = structlog.get_logger("redrive.consumer")
+
+
+def create_derived_topics(admin: AdminClient, routes: list[Route]) -> None:
+    """Create missing tier, per-group and dead-letter topics with their source's
+    partition count. The source topics themselves must exist."""
+    try:
+        metadata = admin.list_topics(timeout=15)
+    except KafkaException as exc:
+        raise ConfigError(
+            "bootstrap",
+            f"cannot read topic metadata: {exc}",
+            "check that the broker is reachable and the kafka settings",
+        ) from None
+    wanted: list[NewTopic] = []
+    for route in routes:
+        source = metadata.topics.get(route.topic)
+        if source is None or source.error is not None:
+            raise ConfigError(
+                f"topic {route.topic!r}",
+                "does not exist",
+                "create it first: its retry and dead-letter topics copy its partition count",
+            )
+        partitions = len(source.partitions)
+        wanted += [
+            NewTopic(name, num_partitions=partitions)
+            for name in route.topics_to_create()
+            if name not in metadata.topics
+        ]
+    if not wanted:
+        return
+    for name, future in admin.create_topics(wanted).items():
+        try:
+            future.result(timeout=30)
+            log.info("topic created", topic=name)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise ConfigError(
+                    f"topic {name!r}",
+                    f"cannot be created: {exc}",
+                    "create it yourself, or grant the app CREATE on it",
+                ) from None
