@@ -26,7 +26,7 @@ setup: $(STAMP)
 	@$(BIN)/redrive local fetch >/dev/null
 
 demo: setup
-	@$(BIN)/redrive demo
+	@$(BIN)/redrive demo $(if $(filter 1 yes true,$(DEMO_ONESHOT)),--oneshot)
 
 test: setup lint
 	@$(BIN)/python -m pytest $(PYTEST_ARGS)

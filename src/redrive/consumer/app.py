@@ -138,7 +138,7 @@ class App:
         retryable: Callable[[BaseException], bool | None] | None = None,
         max_attempts: int | None = None,
         max_duration: str | float | None = None,
-        value_deserializer: Callable[[bytes | None], Any] | None = None,
+        value_deserializer: Callable[[bytes], Any] | None = None,
         dead_letters: DeadLetterTarget | None = None,
         per_group_topic: bool = False,
     ) -> Callable[[Handler], Handler]:
@@ -181,7 +181,7 @@ class App:
         retryable: Callable[[BaseException], bool | None] | None = None,
         max_attempts: int | None = None,
         max_duration: str | float | None = None,
-        value_deserializer: Callable[[bytes | None], Any] | None = None,
+        value_deserializer: Callable[[bytes], Any] | None = None,
         dead_letters: DeadLetterTarget | None = None,
         per_group_topic: bool = False,
     ) -> None:
@@ -342,10 +342,10 @@ class App:
         raw_value = record.value()
         message = None
         try:
+            # A tombstone (no value) reaches the handler as None, not through the deserializer.
+            deserialize = route.value_deserializer
             value = (
-                raw_value
-                if route.value_deserializer is None
-                else route.value_deserializer(raw_value)
+                raw_value if deserialize is None or raw_value is None else deserialize(raw_value)
             )
             message = Message(
                 topic,

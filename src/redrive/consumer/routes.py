@@ -30,7 +30,7 @@ class Route:
     policy: Policy
     strategy: Strategy
     group: str
-    value_deserializer: Callable[[bytes | None], Any] | None = None
+    value_deserializer: Callable[[bytes], Any] | None = None
     dead_letters: DeadLetterTarget = "topic"
     per_group_topic: bool = False
     tiers: dict[int, str] = field(default_factory=dict)

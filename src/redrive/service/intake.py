@@ -25,7 +25,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from redrive.kafka import kafka_headers
 from redrive.service.config import ServiceSettings
 from redrive.service.metrics import ServiceMetrics
-from redrive.service.requests import Incoming, IntakeRules, classify
+from redrive.service.requests import Incoming, IntakeRules, Reason, classify
 from redrive.service.store import DeadLetter, PendingRetry, Store, StoreUnavailable
 from redrive.service.topics import MetadataUnavailable
 
@@ -109,8 +109,10 @@ class Intake:
         self._commit(incoming)
         for letter in dead:
             assert letter.request is not None
-            log.warning(
-                "request refused",
+            # A consumer's own dead letter is business as usual; anything else was refused.
+            sent = letter.reason_code == Reason.SENT_TO_DLQ
+            (log.info if sent else log.warning)(
+                "dead letter stored" if sent else "request refused",
                 topic=letter.request.topic,
                 partition=letter.request.partition,
                 offset=letter.request.offset,
