@@ -15,6 +15,7 @@ from redrive.errors import ConfigError, RedriveError
 
 if TYPE_CHECKING:
     from redrive.local import LocalStack, StackStatus
+    from redrive.service.store import Store
 
 app = typer.Typer(
     help="redrive: retries and dead letters for Kafka consumers.",
@@ -23,6 +24,8 @@ app = typer.Typer(
 )
 local_app = typer.Typer(help="The local stack: a real Kafka broker and an embedded PostgreSQL.")
 app.add_typer(local_app, name="local")
+token_app = typer.Typer(help="API tokens for the retry service (viewer or operator).")
+app.add_typer(token_app, name="token")
 policy_app = typer.Typer(help="Retry policies: what happens to a message that keeps failing.")
 app.add_typer(policy_app, name="policy")
 
@@ -133,6 +136,76 @@ def serve(
         f"requests topic {settings.requests_topic}; roles {', '.join(settings.roles)}"
     )
     raise typer.Exit(service.run_until_signal())
+
+
+def _store(config: Path | None) -> Store:
+    """The retry service's store, as `redrive serve` with the same settings would open it."""
+    from redrive.service.config import load_settings
+    from redrive.service.store import Store
+
+    settings = load_settings(config)
+    database_url = settings.database_url
+    if database_url is None:
+        from redrive.local import LocalStack
+
+        database_url = LocalStack().up(kafka=False, quiet=True).database_url
+    store = Store(database_url)
+    store.open()
+    return store
+
+
+ConfigOption = Annotated[
+    Path | None, typer.Option("--config", help="YAML settings file [env REDRIVE_CONFIG].")
+]
+
+
+@token_app.command("create")
+def token_create(
+    name: Annotated[str, typer.Argument(help="Who or what holds the token (unique).")],
+    role: Annotated[str, typer.Option(help="viewer (reads) or operator (also acts).")] = "viewer",
+    config: ConfigOption = None,
+) -> None:
+    """Create a token and print it once; only its hash is stored."""
+    from redrive.service.auth import TokenError, Tokens
+
+    store = _store(config)
+    try:
+        token = Tokens(store).create(name, role)
+    except TokenError as exc:
+        raise ConfigError("token", str(exc)) from None
+    finally:
+        store.close()
+    typer.echo(token)
+    typer.echo(f"token {name!r} ({role}) created: keep it now, it cannot be shown again", err=True)
+
+
+@token_app.command("revoke")
+def token_revoke(name: str, config: ConfigOption = None) -> None:
+    """Revoke a token by name (it stops working within seconds)."""
+    from redrive.service.auth import Tokens
+
+    store = _store(config)
+    try:
+        done = Tokens(store).revoke(name)
+    finally:
+        store.close()
+    if not done:
+        raise ConfigError("token", f"no active token named {name!r}")
+    typer.echo(f"token {name!r} revoked")
+
+
+@token_app.command("list")
+def token_list(config: ConfigOption = None) -> None:
+    """List tokens (names and roles; the tokens themselves are not stored)."""
+    from redrive.service.auth import Tokens
+
+    store = _store(config)
+    try:
+        for name, role, created, revoked in Tokens(store).list():
+            state = f"revoked {revoked:%Y-%m-%d %H:%M}" if revoked else "active"
+            typer.echo(f"{name:<30} {role:<9} created {created:%Y-%m-%d %H:%M}  {state}")
+    finally:
+        store.close()
 
 
 @local_app.command("up")

@@ -74,6 +74,17 @@ class ServiceSettings(BaseSettings):
         10.0, gt=0, description="Longest wait between reconnection attempts to PostgreSQL."
     )
     log_format: Literal["json", "console"] = "console"
+    require_token_for_reads: bool = Field(
+        False,
+        description="Reads of the API and UI need a viewer token too (payloads are "
+        "sensitive in many shops).",
+    )
+    replay_rate_per_second: float = Field(500.0, gt=0, description="Pace of bulk replays.")
+    replay_max_per_request: int = Field(
+        10_000,
+        ge=1,
+        description="Most dead letters one replay request sends; it reports how many remain.",
+    )
 
     @field_validator("requests_topic", "dlq_topic")
     @classmethod

@@ -1,4 +1,4 @@
-"""The service's HTTP endpoints: /metrics, /healthz, /readyz.
+"""The service's HTTP server: the REST API, the web UI, /metrics, /healthz, /readyz.
 
 /healthz answers whenever the process serves HTTP (liveness). /readyz answers 200
 only when the store is reachable and every role is healthy, 503 otherwise, with a
@@ -9,16 +9,36 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI, Response
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from redrive.service.api import create_router
 
 if TYPE_CHECKING:
     from redrive.service.service import RetryService
 
 
+def _explain(errors: list[Any]) -> str:
+    """Pydantic's errors as one readable line: `where: what` for each."""
+    parts = []
+    for error in errors:
+        where = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "request"
+        parts.append(f"{where}: {error.get('msg', 'invalid')}")
+    return "; ".join(parts)
+
+
 def create_app(service: RetryService) -> FastAPI:
-    app = FastAPI(title="redrive", version=service.version)
+    app = FastAPI(
+        title="redrive",
+        version=service.version,
+        description="Retries and dead letters for Kafka consumers: the retry service's API.",
+    )
+
+    @app.exception_handler(RequestValidationError)
+    def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"detail": _explain(list(exc.errors()))}, status_code=422)
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
@@ -34,4 +54,5 @@ def create_app(service: RetryService) -> FastAPI:
     def metrics() -> Response:
         return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
+    app.include_router(create_router(service))
     return app

@@ -20,16 +20,20 @@ from typing import Any
 
 import structlog
 import uvicorn
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from redrive import __version__
 from redrive.errors import ConfigError
 from redrive.local.process import listener_of, port_in_use
+from redrive.service.auth import Tokens
 from redrive.service.config import ServiceSettings
 from redrive.service.http import create_app
 from redrive.service.intake import Intake
 from redrive.service.metrics import ServiceMetrics
 from redrive.service.notify import listen
+from redrive.service.operations import Operations
+from redrive.service.replay import Replayer
 from redrive.service.requests import IntakeRules
 from redrive.service.scheduler import Scheduler
 from redrive.service.store import Store, StoreUnavailable
@@ -69,6 +73,7 @@ class RetryService:
         self._http: uvicorn.Server | None = None
         self.store: Store | None = None
         self._admin: AdminClient | None = None
+        self._replay_producer: Producer | None = None
         self.metrics = ServiceMetrics(self._pending_by_destination)
 
     def _pending_by_destination(self) -> dict[str, int]:
@@ -109,6 +114,12 @@ class RetryService:
                 "check that the broker is reachable and the kafka settings are right",
             ) from None
         metadata = TopicMetadata(admin)
+        self.operations = Operations(self.store)
+        self.tokens = Tokens(self.store)
+        self._replay_producer = Producer({**self.kafka_config, "enable.idempotence": True})
+        self.replayer = Replayer(
+            self._replay_producer, s.destination_allowed, metadata.partitions_of
+        )
         if s.allowed_destinations == ["*"]:
             log.warning(
                 "no destination allowlist configured: requests may target any topic "
@@ -144,6 +155,9 @@ class RetryService:
             roles=list(s.roles),
             http=f"http://{s.http_host}:{self.http_port}",
         )
+
+    def wake_scheduler(self) -> None:
+        self._wake(0)
 
     def _wake(self, due_ms: int) -> None:
         if self.scheduler is not None:
@@ -200,10 +214,15 @@ class RetryService:
             self._http.should_exit = True
         if self.store is not None:
             self.store.close()
+        if self._replay_producer is not None:
+            self._replay_producer.flush(10)
+            self._replay_producer.close()
+            self._replay_producer = None
         # Drop the Kafka clients now rather than whenever the service object goes.
         self.intake = None
         self.scheduler = None
         self._admin = None
+        self.replayer = None  # type: ignore[assignment]  # holds the metadata admin client
 
     def run_until_signal(self) -> int:
         """Run until SIGTERM or SIGINT (or a role crashed); exit code for the process."""

@@ -189,6 +189,32 @@ ON CONFLICT DO NOTHING
 """
 
 
+_COUNT_MINUTE = """
+INSERT INTO redrive_stats_minute (minute, kind, topic, count)
+VALUES (date_trunc('minute', now()), %s, %s, %s)
+ON CONFLICT (minute, kind, topic)
+DO UPDATE SET count = redrive_stats_minute.count + EXCLUDED.count
+"""
+
+# Forget delivered rows and count them, in one statement.
+_DELETE_DELIVERED = """
+WITH gone AS (DELETE FROM redrive_pending WHERE id = ANY(%s) RETURNING destination)
+INSERT INTO redrive_stats_minute (minute, kind, topic, count)
+SELECT date_trunc('minute', now()), 'published', destination, count(*) FROM gone
+GROUP BY destination
+ON CONFLICT (minute, kind, topic)
+DO UPDATE SET count = redrive_stats_minute.count + EXCLUDED.count
+"""
+
+
+def _per_topic(topics: Sequence[str | None]) -> list[tuple[str, int]]:
+    counts: dict[str, int] = {}
+    for topic in topics:
+        key = clean_text(topic) or ""
+        counts[key] = counts.get(key, 0) + 1
+    return sorted(counts.items())
+
+
 def _pending_params(row: PendingRetry) -> tuple[Any, ...]:
     return (
         row.due_ms,
@@ -292,6 +318,10 @@ class Store:
                 cur.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, str(earliest)))
             if dead:
                 cur.executemany(_INSERT_DEAD, [_dead_params(r) for r in dead])
+            counts = [("scheduled", t, n) for t, n in _per_topic([r.destination for r in pending])]
+            counts += [("dead_lettered", t, n) for t, n in _per_topic([r.topic for r in dead])]
+            if counts:
+                cur.executemany(_COUNT_MINUTE, counts)
         return inserted
 
     def insert_dead_letters(self, dead: Sequence[DeadLetter]) -> None:
@@ -327,7 +357,7 @@ class Store:
         if not ids:
             return
         with self._conn() as conn:
-            conn.execute("DELETE FROM redrive_pending WHERE id = ANY(%s)", (list(ids),))
+            conn.execute(_DELETE_DELIVERED, (list(ids),))
 
     def release(self, ids: Sequence[int], *, retry_at_ms: int) -> None:
         """Give leased rows back (a delivery failed for a passing reason), due again later."""
@@ -345,10 +375,16 @@ class Store:
         if not failures:
             return
         with self._conn() as conn, conn.transaction(), conn.cursor() as cur:
+            topics = cur.execute(
+                "SELECT destination FROM redrive_pending WHERE id = ANY(%s)",
+                ([i for i, _, _ in failures],),
+            ).fetchall()
             cur.executemany(
                 _PENDING_TO_DEAD,
                 [{"id": i, "code": code, "reason": reason} for i, code, reason in failures],
             )
+            for topic, count in _per_topic([t[0] for t in topics]):
+                cur.execute(_COUNT_MINUTE, ("dead_lettered", topic, count))
 
     def next_wake_ms(self, now_ms: int) -> int | None:
         """When the scheduler has something to do next: the earliest free due time or
