@@ -18,7 +18,11 @@ def test_the_demo_in_one_shot_mode_passes(local_stack: LocalStack) -> None:
     env.update(REDRIVE_STATE_DIR=str(local_stack.root), DEMO_ONESHOT="1")
     result = subprocess.run(
         [sys.executable, "-m", "redrive.cli", "demo"],
-        env=env, capture_output=True, text=True, timeout=300, check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
     )
     out = result.stdout
     assert result.returncode == 0, out + result.stderr
