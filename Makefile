@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml $(SYSTEM_STAMP)
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@echo "redrive set-up: installing Python dependencies into $(VENV)"
 	@$(BIN)/python -m pip install -q --disable-pip-version-check -U pip
-	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[service,dev]'
+	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[service,spark,dev]'
 	@touch $@
 
 setup: $(STAMP)

@@ -51,6 +51,8 @@ def fetch(pom_name: str, what: str, *, quiet: bool = False) -> Path:
     cmd = [
         mvn,
         "-B",
+        "-s",
+        str(resource("maven-settings.xml")),
         "-f",
         str(resource(pom_name)),
         "dependency:copy-dependencies",
