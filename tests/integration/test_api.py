@@ -116,7 +116,7 @@ def test_list_filters_and_cursor_pagination(env: Env) -> None:
         if cursor is None:
             break
     assert [len(p) for p in pages] == [3, 3, 1]
-    assert sum(pages, []) == [i["id"] for i in everything]
+    assert [i for page in pages for i in page] == [i["id"] for i in everything]
 
 
 def test_get_one_shows_text_json_hex_headers_and_trace(env: Env) -> None:

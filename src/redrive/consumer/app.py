@@ -91,7 +91,8 @@ class App:
 
     ``bootstrap`` defaults to REDRIVE_BOOTSTRAP, else ``localhost:9092``. ``kafka``
     adds librdkafka settings to the consumer and producer alike (security.protocol,
-    sasl.*, ssl.*...). ``requests_topic`` is the retry service's (strategy ``service``).
+    sasl.*, ssl.*...). ``requests_topic`` is the retry service's (strategy ``service``),
+    by default REDRIVE_REQUESTS_TOPIC, else ``redrive.requests``, as for the service.
     """
 
     def __init__(
@@ -100,7 +101,7 @@ class App:
         group: str = "redrive-app",
         *,
         kafka: Mapping[str, Any] | None = None,
-        requests_topic: str = "redrive.requests",
+        requests_topic: str | None = None,
         batch_size: int = 500,
         commit_interval_s: float = 1.0,
         poll_timeout_s: float = 0.1,
@@ -111,7 +112,9 @@ class App:
         self.bootstrap = bootstrap or os.environ.get("REDRIVE_BOOTSTRAP", "localhost:9092")
         self.group = group
         self.kafka = dict(kafka or {})
-        self.requests_topic = requests_topic
+        self.requests_topic = requests_topic or os.environ.get(
+            "REDRIVE_REQUESTS_TOPIC", "redrive.requests"
+        )
         self.batch_size = batch_size
         self.commit_interval_s = commit_interval_s
         self.poll_timeout_s = poll_timeout_s
