@@ -57,7 +57,7 @@ def policy_explain(
         str,
         typer.Argument(
             help='A schedule: "5m x2, 30m x3, 1h", "[10, 60, 300]" or '
-            '"exponential 1s x2 max 5m, 8 attempts".'
+            '"exponential 1s x2 max 5m retries 8".'
         ),
     ],
     max_attempts: Annotated[

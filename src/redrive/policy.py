@@ -99,6 +99,8 @@ def _parse_duration(text: str, context: str, offset: int = 0) -> int:
 
 
 def _checked_ms(ms: Decimal, context: str, position: int | None, shown: str) -> int:
+    if ms < 0:
+        raise _fail(context, f"{shown} is negative", position, _EXPECTED_DURATION)
     if ms != ms.to_integral_value():
         raise _fail(context, f"{shown} is finer than a millisecond", position, _EXPECTED_DURATION)
     if ms > MAX_DELAY_MS:
@@ -256,12 +258,18 @@ class ExponentialBackoff:
     retries: int | None = None
 
     def __post_init__(self) -> None:
-        if not 0 < self.initial_ms <= MAX_DELAY_MS:
+        if type(self.initial_ms) is not int or not 0 < self.initial_ms <= MAX_DELAY_MS:
             raise PolicyError(f"exponential: initial delay must be > 0, got {self.initial_ms} ms")
-        if not (math.isfinite(self.multiplier) and self.multiplier >= 1):
-            raise PolicyError(f"exponential: multiplier must be >= 1, got {self.multiplier!r}")
+        # Below 1.01 delays would creep up over millions of attempts: a mistake, and
+        # too slow to explain. 1 is fine (a constant delay).
+        if not (
+            math.isfinite(self.multiplier) and (self.multiplier == 1 or self.multiplier >= 1.01)
+        ):
+            raise PolicyError(
+                f"exponential: multiplier must be 1 or at least 1.01, got {self.multiplier!r}"
+            )
         if self.max_delay_ms is not None and not (
-            self.initial_ms <= self.max_delay_ms <= MAX_DELAY_MS
+            type(self.max_delay_ms) is int and self.initial_ms <= self.max_delay_ms <= MAX_DELAY_MS
         ):
             raise PolicyError(
                 f"exponential: max delay {format_duration(self.max_delay_ms)} must be at "
@@ -269,8 +277,8 @@ class ExponentialBackoff:
             )
         if not (math.isfinite(self.jitter) and 0 <= self.jitter <= 1):
             raise PolicyError(f"exponential: jitter must be between 0 and 1, got {self.jitter!r}")
-        if self.retries is not None and self.retries < 1:
-            raise PolicyError(f"exponential: retries must be >= 1, got {self.retries}")
+        if self.retries is not None and (type(self.retries) is not int or self.retries < 1):
+            raise PolicyError(f"exponential: retries must be >= 1, got {self.retries!r}")
 
     @property
     def cap_ms(self) -> int:

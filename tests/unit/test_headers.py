@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import doctest
 import pickle
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -33,7 +34,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 REQUIRED = [(H.DESTINATION, b"orders"), (H.RETRY_AT, b"1700000000000")]
 
 
-def reject(headers: list[tuple[str, bytes | None]], header: str | None, problem: str) -> None:
+def reject(headers: Sequence[tuple[str, bytes | None]], header: str | None, problem: str) -> None:
     """decode() must fail naming ``header`` with ``problem`` in the message."""
     with pytest.raises(HeaderError) as caught:
         decode(headers)
@@ -251,7 +252,7 @@ def test_malformed_header_list() -> None:
     reject([("a", b"1"), ("b",)], None, "header 1 is not a (name, value) pair")  # type: ignore[list-item]
     reject([(b"a", b"1")], None, "non-str name")  # type: ignore[list-item]
     with pytest.raises(HeaderError):
-        decode({"a": b"1"})  # type: ignore[arg-type]
+        decode({"a": b"1"})  # type: ignore[dict-item]
 
 
 def test_value_must_be_bytes() -> None:
