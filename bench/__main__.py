@@ -1,8 +1,177 @@
-"""`make bench`: run every benchmark and print a table (ratio first, then absolute figures)."""
+"""`make bench`: every benchmark in one run on one private stack; a table at the end.
+
+Each benchmark runs its peer in the same run on the same broker (raw confluent-kafka
+for the service and the consumer strategies, plain PySpark for the pipeline) and
+prints the ratio first, then the absolute figures.
+
+    python -m bench                 # full sizes (about 15 minutes on 2 cores)
+    python -m bench --quick         # tiny sizes: checks the code runs, measures nothing
+    python -m bench service precision   # only some
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import platform
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from bench import consumer, kafka_raw, service
+from bench.common import Result, fresh_database, print_table, private_stack
+from redrive.logs import configure
+
+SIZES = {
+    "full": {
+        "raw": 300_000,
+        "e2e": 100_000,
+        "precision_rate": 2000,
+        "precision_s": 60,
+        "pending": 1_000_000,
+        "consumer": 300_000,
+        "spark": 200_000,
+    },
+    "quick": {
+        "raw": 2_000,
+        "e2e": 1_000,
+        "precision_rate": 100,
+        "precision_s": 3,
+        "pending": 5_000,
+        "consumer": 2_000,
+        "spark": 2_000,
+    },
+}
+ALL = ["raw", "service", "precision", "pending", "consumer", "spark"]
 
 
-def main() -> None:
-    print("no benchmarks yet")
+def machine() -> str:
+    return (
+        f"{platform.processor() or platform.machine()}, {psutil.cpu_count()} cores, "
+        f"{psutil.virtual_memory().total / 2**30:.0f} GiB, Python {platform.python_version()}"
+    )
+
+
+def main(argv: list[str] | None = None) -> list[Result]:
+    parser = argparse.ArgumentParser(prog="python -m bench")
+    parser.add_argument("only", nargs="*", help=f"benchmarks to run, of: {' '.join(ALL)}")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke run")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+    unknown = set(args.only) - set(ALL)
+    if unknown:
+        parser.error(f"unknown benchmark(s) {sorted(unknown)}; choose from {ALL}")
+    configure("console", level=logging.WARNING)
+    size = SIZES["quick" if args.quick else "full"]
+    chosen = args.only or ALL
+    results: list[Result] = []
+    workdir = Path(tempfile.mkdtemp(prefix="redrive-bench-logs-"))
+    print(f"machine: {machine()}")
+    with private_stack() as stack:
+        raw = kafka_raw.run(stack.bootstrap, size["raw"])
+        print(f"raw kafka: {raw}")
+        results.append(
+            Result("1 raw Kafka passthrough", "1.00x (the limit)", "-", None, _round(raw))
+        )
+        limit = raw["end_to_end_per_s"]
+        if "service" in chosen:
+            e2e = service.end_to_end(stack.bootstrap, stack.database_url, size["e2e"], workdir)
+            print(f"service end to end: {e2e}")
+            ratio = e2e["per_s"] / limit
+            results.append(
+                Result(
+                    "2 retry service end to end",
+                    f"{ratio:.2f}x of raw Kafka",
+                    ">= 0.25x",
+                    ratio >= 0.25,
+                    _round(e2e),
+                )
+            )
+        if "precision" in chosen:
+            p = service.precision(
+                stack.bootstrap,
+                stack.database_url,
+                size["precision_rate"],
+                size["precision_s"],
+                workdir,
+            )
+            print(f"precision: {p}")
+            results.append(
+                Result(
+                    "3 scheduling precision",
+                    f"p99 {p['p99_ms']} ms late",
+                    "p99 < 50 ms, never early",
+                    p["p99_ms"] < 50 and p["early"] == 0,
+                    _round(p),
+                )
+            )
+        if "pending" in chosen:
+            results += _with_pending(stack.bootstrap, stack.database_url, size, limit, workdir)
+        if "consumer" in chosen:
+            c = consumer.run(stack.bootstrap, size["consumer"])
+            print(f"consumer strategies: {c}")
+            for strategy in consumer.STRATEGIES:
+                ratio = c[strategy]["ratio"]
+                results.append(
+                    Result(
+                        f"5 consumer {strategy}",
+                        f"{ratio:.2f}x of bare loop",
+                        ">= 0.80x",
+                        ratio >= 0.8,
+                        {
+                            "per_s": round(c[strategy]["per_s"]),
+                            "bare_per_s": round(c["bare"]["per_s"]),
+                        },
+                    )
+                )
+        if "spark" in chosen:
+            results += _spark(stack.bootstrap, size["spark"])
+    print_table(results)
+    if args.json:
+        args.json.write_text(json.dumps([r.__dict__ for r in results], indent=2, default=str))
+    return results
+
+
+def _with_pending(
+    bootstrap: str, server_url: str, size: dict[str, int], limit: float, workdir: Path
+) -> list[Result]:
+    destination = "bench-pending-parking"
+    from bench.common import create_topic
+
+    database = fresh_database(server_url)
+    fill_s = service.fill_pending(
+        database, create_topic(bootstrap, destination, 1), size["pending"]
+    )
+    print(f"filled {size['pending']} pending rows in {fill_s:.1f}s")
+    rate, seconds = size["precision_rate"], max(size["precision_s"] // 2, 3)
+    p = service.precision(bootstrap, server_url, rate, seconds, workdir, database_url=database)
+    print(f"precision with {size['pending']} pending: {p}")
+    ok = p["p99_ms"] < 50 and p["early"] == 0 and p["rss_mb"] < 200
+    return [
+        Result(
+            f"4 {size['pending']:,} pending",
+            f"p99 {p['p99_ms']} ms late, {p['rss_mb']:.0f} MB RSS",
+            "RSS < 200 MB, (3) holds",
+            ok,
+            _round(p),
+        )
+    ]
+
+
+def _spark(bootstrap: str, n: int) -> list[Result]:
+    try:
+        from bench import spark_bench
+    except ImportError as exc:  # the Spark benchmark needs the spark extra
+        print(f"spark benchmark skipped: {exc}")
+        return []
+    return spark_bench.run(bootstrap, n)
+
+
+def _round(figures: dict[str, Any]) -> dict[str, Any]:
+    return {k: (round(v, 1) if isinstance(v, float) else v) for k, v in figures.items()}
 
 
 if __name__ == "__main__":

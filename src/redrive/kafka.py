@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import cast
 
-from confluent_kafka import Message
+from confluent_kafka import Consumer, Message
 
 from redrive.headers import Header
 
@@ -25,3 +25,19 @@ def headers_of(msg: Message) -> list[Header]:
 def kafka_headers(headers: Sequence[Header]) -> KafkaHeaders:
     """Headers in the form Producer.produce accepts."""
     return cast(KafkaHeaders, list(headers))
+
+
+def consume_available(consumer: Consumer, max_messages: int, timeout_s: float) -> list[Message]:
+    """Up to `max_messages`, returning as soon as at least one is there.
+
+    `Consumer.consume(n, timeout)` waits out the whole timeout unless n messages
+    arrive, which adds that timeout to every message's latency at low load. Blocking
+    in `poll` for the first message and then taking what is already fetched
+    (`consume(..., timeout=0)`) keeps batching under load and latency low otherwise.
+    """
+    first = consumer.poll(timeout_s)
+    if first is None:
+        return []
+    if max_messages <= 1:
+        return [first]
+    return [first, *consumer.consume(max_messages - 1, timeout=0)]

@@ -19,6 +19,7 @@ import psycopg
 from confluent_kafka import Consumer, Producer
 
 from redrive.headers import Header, RetryHeaders, encode
+from redrive.kafka import consume_available
 from redrive.service.config import ServiceSettings
 from redrive.service.service import RetryService
 
@@ -172,7 +173,7 @@ class Collector:
         """Collect until `count` messages in total arrived or the timeout passed."""
         deadline = time.monotonic() + timeout_s
         while len(self.received) < count and time.monotonic() < deadline:
-            for msg in self.consumer.consume(1000, timeout=0.05):
+            for msg in consume_available(self.consumer, 1000, 0.05):
                 if msg.error() is not None:
                     continue
                 self.received.append(

@@ -51,7 +51,7 @@ from redrive.headers import (
     next_request,
     read_delivery_headers,
 )
-from redrive.kafka import headers_of
+from redrive.kafka import consume_available, headers_of
 from redrive.policy import DeadLetter, DeadLetterReason, FatalError, Retry, policy
 
 log = structlog.get_logger("redrive.consumer")
@@ -280,7 +280,7 @@ class App:
         next_due = self._pauses.next_due_ms()
         if next_due is not None:
             timeout = min(timeout, max(next_due - now, 0) / 1000)
-        records = self._consumer.consume(self.batch_size, timeout)
+        records = consume_available(self._consumer, self.batch_size, timeout)
         rewound: set[Partition] = set()
         for index, record in enumerate(records):
             error = record.error()

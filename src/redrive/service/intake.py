@@ -22,7 +22,7 @@ from typing import Any
 import structlog
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from redrive.kafka import kafka_headers
+from redrive.kafka import consume_available, kafka_headers
 from redrive.service.config import ServiceSettings
 from redrive.service.metrics import ServiceMetrics
 from redrive.service.requests import Incoming, IntakeRules, Reason, classify
@@ -78,7 +78,7 @@ class Intake:
         log.info("intake started", topic=self.settings.requests_topic, group=self.settings.group_id)
         try:
             while not self.stop.is_set():
-                messages = self.consumer.consume(self.settings.intake_batch_size, timeout=0.2)
+                messages = consume_available(self.consumer, self.settings.intake_batch_size, 0.2)
                 if messages:
                     self._handle_batch(messages)
         finally:

@@ -260,37 +260,54 @@ def _dead_params(row: DeadLetter) -> tuple[Any, ...]:
     )
 
 
+def _pool(url: str, name: str, max_size: int, timeout_s: float, **kwargs: Any) -> Any:
+    return psycopg_pool.ConnectionPool(
+        url,
+        min_size=1,
+        max_size=max_size,
+        open=False,
+        kwargs={"autocommit": True, "connect_timeout": 5, **kwargs},
+        check=psycopg_pool.ConnectionPool.check_connection,
+        # Keep trying for as long as the outage lasts: the service waits, never drops.
+        reconnect_timeout=7 * 24 * 3600,
+        timeout=timeout_s,
+        name=name,
+    )
+
+
 class Store:
-    """Pooled access to the engine's tables."""
+    """Pooled access to the engine's tables.
+
+    Two pools: `pool` commits durably (intake's inserts, which Kafka offsets are
+    committed after, and operator actions); `relaxed` does not wait for the WAL to
+    reach disk (synchronous_commit=off) and serves the scheduler's claims, deletes
+    and releases. Losing one of those in a database crash only makes a row
+    deliverable again: a duplicate delivery, never a lost one. It saves an fsync per
+    scheduler step, which is most of a retry's lateness.
+    """
 
     def __init__(self, url: str, *, max_connections: int = 6, reconnect_max_s: float = 10.0):
         self.url = url
-        self.pool = psycopg_pool.ConnectionPool(
-            url,
-            min_size=1,
-            max_size=max_connections,
-            open=False,
-            kwargs={"autocommit": True, "connect_timeout": 5},
-            check=psycopg_pool.ConnectionPool.check_connection,
-            # Keep trying for as long as the outage lasts: the service waits, never drops.
-            reconnect_timeout=7 * 24 * 3600,
-            timeout=reconnect_max_s,
-            name="redrive-store",
+        self.pool = _pool(url, "redrive-store", max_connections, reconnect_max_s)
+        self.relaxed = _pool(
+            url, "redrive-store-relaxed", 2, reconnect_max_s, options="-c synchronous_commit=off"
         )
 
     def open(self, *, wait_s: float = 30.0) -> None:
-        """Open the pool, waiting for the database; then bring the schema up to date."""
+        """Open the pools, waiting for the database; then bring the schema up to date."""
         self.pool.open(wait=True, timeout=wait_s)
         with self._conn() as conn:
             migrate(conn)
+        self.relaxed.open(wait=True, timeout=wait_s)
 
     def close(self) -> None:
+        self.relaxed.close()
         self.pool.close()
 
     @contextmanager
-    def _conn(self) -> Iterator[psycopg.Connection[Any]]:
+    def _conn(self, *, relaxed: bool = False) -> Iterator[psycopg.Connection[Any]]:
         try:
-            with self.pool.connection() as conn:
+            with (self.relaxed if relaxed else self.pool).connection() as conn:
                 yield conn
         except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
             raise StoreUnavailable(str(exc).strip() or type(exc).__name__) from exc
@@ -331,7 +348,7 @@ class Store:
         self, *, now_ms: int, limit: int, owner: str, lease_ms: int
     ) -> list[ClaimedRetry]:
         """Lease up to `limit` due rows nobody holds; returned in due order."""
-        with self._conn() as conn:
+        with self._conn(relaxed=True) as conn:
             rows = conn.execute(
                 _CLAIM_DUE,
                 {"now": now_ms, "limit": limit, "lease_until": now_ms + lease_ms, "owner": owner},
@@ -356,14 +373,14 @@ class Store:
         """Forget rows the broker acknowledged."""
         if not ids:
             return
-        with self._conn() as conn:
+        with self._conn(relaxed=True) as conn:
             conn.execute(_DELETE_DELIVERED, (list(ids),))
 
     def release(self, ids: Sequence[int], *, retry_at_ms: int) -> None:
         """Give leased rows back (a delivery failed for a passing reason), due again later."""
         if not ids:
             return
-        with self._conn() as conn:
+        with self._conn(relaxed=True) as conn:
             conn.execute(
                 "UPDATE redrive_pending SET lease_until_ms = NULL, lease_owner = NULL,"
                 " due_ms = GREATEST(due_ms, %s) WHERE id = ANY(%s)",
@@ -389,7 +406,7 @@ class Store:
     def next_wake_ms(self, now_ms: int) -> int | None:
         """When the scheduler has something to do next: the earliest free due time or
         lease expiry (a crashed instance's rows), or None if nothing is pending."""
-        with self._conn() as conn:
+        with self._conn(relaxed=True) as conn:
             due = conn.execute(_NEXT_DUE, {"now": now_ms}).fetchone()
             lease = conn.execute(_NEXT_LEASE_EXPIRY, {"now": now_ms}).fetchone()
         times = [t[0] for t in (due, lease) if t is not None and t[0] is not None]

@@ -1,0 +1,115 @@
+"""What the benchmarks share: a private local stack, topics, the service as a process,
+and the result table (ratio first, then the absolute figures)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import psycopg
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+
+from redrive.local import LocalStack, StackStatus
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class Result:
+    name: str
+    ratio: str  # e.g. "0.31x of raw Kafka"
+    goal: str
+    met: bool | None
+    figures: dict[str, Any] = field(default_factory=dict)
+
+    def line(self) -> str:
+        verdict = {True: "met", False: "NOT MET", None: "-"}[self.met]
+        figures = ", ".join(f"{k}={v}" for k, v in self.figures.items())
+        return f"{self.name:<28} {self.ratio:<34} {self.goal:<26} {verdict:<8} {figures}"
+
+
+def print_table(results: list[Result]) -> None:
+    print()
+    print(f"{'benchmark':<28} {'ratio':<34} {'goal':<26} {'verdict':<8} figures")
+    print("-" * 140)
+    for result in results:
+        print(result.line())
+
+
+@contextmanager
+def private_stack() -> Iterator[StackStatus]:
+    """A broker and database of the benchmark's own, on free ports, stopped afterwards
+    (REDRIVE_BENCH_STATE_DIR reuses a folder between runs)."""
+    root = os.environ.get("REDRIVE_BENCH_STATE_DIR") or tempfile.mkdtemp(prefix="redrive-bench-")
+    stack = LocalStack(Path(root))
+    try:
+        yield stack.up(kafka_port=0, postgres_port=0, quiet=True)
+    finally:
+        stack.down()
+
+
+def create_topic(bootstrap: str, prefix: str, partitions: int) -> str:
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(name, num_partitions=partitions)])[name].result(30)
+    return name
+
+
+def fresh_database(server_url: str) -> str:
+    name = f"bench_{uuid.uuid4().hex[:10]}"
+    base = server_url.rpartition("/")[0]
+    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"'.encode())
+    return f"{base}/{name}"
+
+
+class ServiceProcess:
+    """`redrive serve` as its own process (so its memory can be measured)."""
+
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.env = {**os.environ, **env, "REDRIVE_HTTP_PORT": "0", "REDRIVE_LOG_FORMAT": "json"}
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.peak_rss = 0
+
+    def __enter__(self) -> ServiceProcess:
+        with open(self.log, "wb") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "redrive.cli", "serve"],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + 90
+        while "redrive serve: listening" not in self.log.read_text(errors="replace"):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(self.log.read_text()[-3000:])
+            time.sleep(0.1)
+        return self
+
+    def sample_rss(self) -> int:
+        assert self.proc is not None
+        rss = psutil.Process(self.proc.pid).memory_info().rss
+        self.peak_rss = max(self.peak_rss, rss)
+        return rss
+
+    def __exit__(self, *exc: object) -> None:
+        assert self.proc is not None
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()

@@ -1,0 +1,223 @@
+"""Benchmarks 2-4: the retry service end to end, its precision, and a million pending.
+
+The service runs as its own process (`redrive serve`) on the benchmark's private
+stack; requests are produced with confluent-kafka and the destination is read back.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import statistics
+import threading
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import psycopg
+from confluent_kafka import Consumer, Producer
+
+from bench.common import ServiceProcess, create_topic, fresh_database, now_ms
+from redrive.headers import RetryHeaders, encode
+from redrive.kafka import consume_available
+from redrive.service.store import Store
+
+PAYLOAD = b"x" * 1024
+
+
+def _metric(base: str, name: str) -> float:
+    with urllib.request.urlopen(f"{base}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    match = re.search(rf"^{re.escape(name)} ([0-9.e+]+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else 0.0
+
+
+def _http_base(log: Path) -> str:
+    match = re.search(r"listening on (http://[0-9.:]+)", log.read_text())
+    assert match, log.read_text()[-2000:]
+    return match.group(1)
+
+
+class Reader(threading.Thread):
+    """Reads a destination topic, recording arrival time minus due time per message."""
+
+    def __init__(self, bootstrap: str, topic: str, expected: int) -> None:
+        super().__init__(daemon=True)
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": uuid.uuid4().hex,
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 5,
+            }
+        )
+        self.consumer.subscribe([topic])
+        self.expected = expected
+        self.lateness: list[int] = []
+        self.last_arrival = 0.0
+        self.ready = threading.Event()
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set() and len(self.lateness) < self.expected:
+            msgs = consume_available(self.consumer, 10_000, 0.05)
+            self.ready.set()
+            now = now_ms()
+            for msg in msgs:
+                if msg.error() is None:
+                    due = int(dict(msg.headers() or [])["redrive-retry-at"] or 0)
+                    self.lateness.append(now - due)
+            if msgs:
+                self.last_arrival = time.perf_counter()
+        self.consumer.close()
+
+
+def _requests(destination: str, n: int, due: list[int]) -> list[tuple[bytes, list]]:  # type: ignore[type-arg]
+    return [
+        (str(i).encode(), encode(RetryHeaders(destination=destination, retry_at=due[i])))
+        for i in range(n)
+    ]
+
+
+def _service(
+    bootstrap: str, database_url: str, destination: str, workdir: Path, name: str
+) -> tuple[ServiceProcess, str]:
+    requests_topic = create_topic(bootstrap, "bench-requests", 6)
+    env = {
+        "REDRIVE_BOOTSTRAP": bootstrap,
+        "REDRIVE_DATABASE_URL": database_url,
+        "REDRIVE_REQUESTS_TOPIC": requests_topic,
+        "REDRIVE_GROUP_ID": f"bench-{name}",
+        "REDRIVE_ALLOWED_DESTINATIONS": f'["{destination}"]',
+        "REDRIVE_INTAKE_BATCH_SIZE": "2000",
+        "REDRIVE_SCHEDULER_BATCH_SIZE": "2000",
+    }
+    return ServiceProcess(env, workdir / f"{name}.log"), requests_topic
+
+
+def end_to_end(bootstrap: str, server_url: str, n: int, workdir: Path) -> dict[str, float]:
+    """N requests due immediately: produce -> intake -> PostgreSQL -> scheduler -> read."""
+    destination = create_topic(bootstrap, "bench-dest", 6)
+    service, requests_topic = _service(
+        bootstrap, fresh_database(server_url), destination, workdir, "e2e"
+    )
+    with service:
+        base = _http_base(service.log)
+        reader = Reader(bootstrap, destination, n)
+        reader.start()
+        reader.ready.wait(30)
+        producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "linger.ms": 10,
+                "batch.size": 1_000_000,
+                "enable.idempotence": True,
+            }
+        )
+        started = time.perf_counter()
+        due = [now_ms()] * n
+        for key, headers in _requests(destination, n, due):
+            while True:
+                try:
+                    producer.produce(requests_topic, key=key, value=PAYLOAD, headers=headers)
+                    break
+                except BufferError:
+                    producer.poll(0.01)
+        producer.flush(120)
+        produced_at = time.perf_counter()
+        ingested_at = None
+        while reader.is_alive() and time.perf_counter() - started < 600:
+            if ingested_at is None and _metric(base, "redrive_requests_scheduled_total") >= n:
+                ingested_at = time.perf_counter()
+            service.sample_rss()
+            time.sleep(0.05)
+        reader.join(5)
+        if len(reader.lateness) < n:
+            raise RuntimeError(f"only {len(reader.lateness)} of {n} arrived")
+        done = reader.last_arrival - started
+    return {
+        "n": n,
+        "per_s": n / done,
+        "seconds": done,
+        "produced_s": produced_at - started,
+        "ingested_s": (ingested_at or reader.last_arrival) - started,
+        "rss_mb": service.peak_rss / 2**20,
+    }
+
+
+def precision(
+    bootstrap: str,
+    server_url: str,
+    rate: int,
+    seconds: int,
+    workdir: Path,
+    database_url: str | None = None,
+) -> dict[str, float]:
+    """`rate` requests per second for `seconds`, due at random within 1-10 s of sending;
+    lateness = arrival on the destination minus due time."""
+    destination = create_topic(bootstrap, "bench-precision", 6)
+    n = rate * seconds
+    service, requests_topic = _service(
+        bootstrap, database_url or fresh_database(server_url), destination, workdir, "precision"
+    )
+    rng = random.Random(1)
+    with service:
+        reader = Reader(bootstrap, destination, n)
+        reader.start()
+        reader.ready.wait(30)
+        producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 2})
+        started = time.perf_counter()
+        for second in range(seconds):
+            batch_start = now_ms()
+            for i in range(rate):
+                headers = encode(
+                    RetryHeaders(
+                        destination=destination, retry_at=batch_start + rng.randrange(1000, 10_000)
+                    )
+                )
+                producer.produce(
+                    requests_topic, key=str(i).encode(), value=PAYLOAD[:256], headers=headers
+                )
+                if i % 200 == 0:
+                    producer.poll(0)
+                    # spread the second's requests evenly
+                    ahead = (second + (i + 1) / rate) - (time.perf_counter() - started)
+                    if ahead > 0:
+                        time.sleep(ahead)
+            service.sample_rss()
+        producer.flush(60)
+        reader.join(120)
+    lateness = sorted(reader.lateness)
+    if len(lateness) < n:
+        raise RuntimeError(f"only {len(lateness)} of {n} arrived")
+    return {
+        "n": n,
+        "p50_ms": statistics.median(lateness),
+        "p99_ms": lateness[int(len(lateness) * 0.99) - 1],
+        "max_ms": lateness[-1],
+        "min_ms": lateness[0],
+        "early": sum(1 for x in lateness if x < 0),
+        "rss_mb": service.peak_rss / 2**20,
+    }
+
+
+def fill_pending(database_url: str, destination: str, rows: int) -> float:
+    """Insert `rows` pending retries due in a year, as intake would have stored them."""
+    Store(database_url).open()  # migrate
+    started = time.perf_counter()
+    far = now_ms() + 300 * 86_400_000
+    with psycopg.connect(database_url) as conn, conn.cursor() as cur:
+        with cur.copy(
+            "COPY redrive_pending (due_ms, destination, msg_key, msg_value, headers,"
+            " attempt, request_topic, request_partition, request_offset)"
+            " FROM STDIN"
+        ) as copy:
+            for i in range(rows):
+                copy.write_row(
+                    (far + i, destination, str(i).encode(), PAYLOAD, "[]", 1, "bench-fill", 0, i)
+                )
+        conn.commit()
+        cur.execute("ANALYZE redrive_pending")
+    return time.perf_counter() - started
