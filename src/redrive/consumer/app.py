@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import structlog
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -51,7 +51,7 @@ from redrive.headers import (
     next_request,
     read_delivery_headers,
 )
-from redrive.kafka import consume_available, headers_of
+from redrive.kafka import consume_available
 from redrive.policy import DeadLetter, DeadLetterReason, FatalError, Retry, policy
 
 log = structlog.get_logger("redrive.consumer")
@@ -124,6 +124,8 @@ class App:
         self.routes: dict[str, Route] = {}
         self._reads: dict[str, tuple[Route, Kind]] = {}
         self._in_place: dict[Partition, _InPlace] = {}
+        self._batch_handled: dict[str, int] = {}
+        self._batch_handler_s = 0.0
         self._stop = threading.Event()
         self.running = threading.Event()
         self._consumer: Consumer | None = None
@@ -274,14 +276,22 @@ class App:
 
     def _poll_once(self) -> None:
         assert self._consumer is not None
+        pauses = self._pauses
         now = _now_ms()
-        self._pauses.resume_due(now)
+        pauses.resume_due(now)
         timeout = self.poll_timeout_s
-        next_due = self._pauses.next_due_ms()
+        next_due = pauses.next_due_ms()
         if next_due is not None:
             timeout = min(timeout, max(next_due - now, 0) / 1000)
         records = consume_available(self._consumer, self.batch_size, timeout)
+        if not records:
+            return
+        # The success path is the hot path: per record only the handler call and a few
+        # dict operations; positions and counts are recorded once per batch.
         rewound: set[Partition] = set()
+        positions: dict[Partition, int] = {}
+        self._batch_handled.clear()
+        self._batch_handler_s = 0.0
         for index, record in enumerate(records):
             error = record.error()
             if error is not None:
@@ -292,18 +302,18 @@ class App:
             if topic is None or partition is None or offset is None:
                 continue  # only error events lack coordinates, and those were handled above
             tp = (topic, partition)
-            if tp in rewound:
+            if rewound and tp in rewound:
                 continue
-            if self._pauses.waiting(tp):
+            if pauses.active and pauses.waiting(tp):
                 # Fetched before its partition was paused, or assigned during a breaker.
-                self._pauses.wait(tp, offset, self._pauses.until(tp))
+                pauses.wait(tp, offset, pauses.until(tp))
                 rewound.add(tp)
                 continue
             outcome = self._process(record, topic, partition, offset)
             if outcome is None:
-                self._offsets.mark(tp, offset)
+                positions[tp] = offset
                 continue
-            self._pauses.wait(tp, offset, outcome.until_ms)
+            pauses.wait(tp, offset, outcome.until_ms)
             rewound.add(tp)
             if outcome.all_partitions:
                 for later in records[index + 1 :]:
@@ -317,9 +327,14 @@ class App:
                     ):
                         self._consumer.seek(TopicPartition(lt, lp, lo))
                         rewound.add((lt, lp))
-                self._pauses.pause_all(outcome.until_ms)
+                pauses.pause_all(outcome.until_ms)
                 break
-        self.metrics.waiting_partitions.set(self._pauses.count())
+        for tp, offset in positions.items():
+            self._offsets.mark(tp, offset)
+        for topic, count in self._batch_handled.items():
+            self.metrics.records.labels(topic, "handled").inc(count)
+        self.metrics.handler_seconds.inc(self._batch_handler_s)
+        self.metrics.waiting_partitions.set(pauses.count())
 
     # ------------------------------------------------------------------ one record
 
@@ -328,39 +343,30 @@ class App:
     ) -> _Wait | None:
         """Deal with one record; None when it is dealt with, else how long to wait."""
         route, kind = self._reads[topic]
-        headers = headers_of(record)
+        raw_headers = record.headers()
         delivery = None
-        if any(is_redrive_header(name) for name, _ in headers):
-            delivery = read_delivery_headers(headers)
-            if delivery is not None and delivery.group not in (None, self.group):
-                delivery = None  # another group's retry of a shared topic: new to us
+        user_headers: list[Header] = []
+        if raw_headers:
+            headers = cast(list[Header], raw_headers)
+            if any(is_redrive_header(name) for name, _ in headers):
+                delivery = read_delivery_headers(headers)
+                if delivery is not None and delivery.group not in (None, self.group):
+                    delivery = None  # another group's retry of a shared topic: new to us
+                user_headers = [(k, v) for k, v in headers if not is_redrive_header(k)]
+            else:
+                user_headers = headers
         if kind == "tier" and delivery is not None and delivery.retry_at > _now_ms():
             return _Wait(delivery.retry_at)
-        tp = (topic, partition)
-        state = self._in_place.get(tp)
+        state = self._in_place.get((topic, partition)) if self._in_place else None
         if state is not None and state.offset != offset:
             state = None
         failures = state.failures if state else (delivery.attempt if delivery else 0)
-        user_headers = [(k, v) for k, v in headers if not is_redrive_header(k)]
         raw_value = record.value()
-        message = None
+        deserialize = route.value_deserializer
         try:
             # A tombstone (no value) reaches the handler as None, not through the deserializer.
-            deserialize = route.value_deserializer
             value = (
                 raw_value if deserialize is None or raw_value is None else deserialize(raw_value)
-            )
-            message = Message(
-                topic,
-                partition,
-                offset,
-                record.key(),
-                value,
-                raw_value,
-                user_headers,
-                _timestamp(record),
-                failures + 1,
-                delivery,
             )
         except Exception as exc:  # noqa: BLE001 - any deserializer failure is the record's
             error: BaseException = DeserializationError(f"cannot deserialize: {exc!r}")
@@ -372,16 +378,29 @@ class App:
             )
             self._dead_letter(route, record, None, user_headers, delivery, error, dead)
             return None
+        message = Message(
+            topic,
+            partition,
+            offset,
+            record.key(),
+            value,
+            raw_value,
+            user_headers,
+            _timestamp(record),
+            failures + 1,
+            delivery,
+        )
         started = time.perf_counter()
         try:
             route.handler(message)
         except Exception as exc:  # noqa: BLE001 - the handler's failure is what we handle
-            self.metrics.handler_seconds.observe(time.perf_counter() - started)
+            self._batch_handler_s += time.perf_counter() - started
             return self._failed(route, record, message, delivery, state, exc)
-        self.metrics.handler_seconds.observe(time.perf_counter() - started)
-        self.metrics.records.labels(route.topic, "handled").inc()
+        self._batch_handler_s += time.perf_counter() - started
+        handled = self._batch_handled
+        handled[route.topic] = handled.get(route.topic, 0) + 1
         if state is not None:
-            del self._in_place[tp]
+            del self._in_place[(topic, partition)]
         return None
 
     def _failed(

@@ -8,7 +8,7 @@ from typing import Any
 from redrive.headers import Header, RetryHeaders
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Message:
     """One Kafka record handed to a handler, with what redrive knows about its past.
 
@@ -16,7 +16,8 @@ class Message:
     n failures (whichever strategy brought it back). ``value`` is what the handler's
     deserializer made of the bytes (the bytes themselves without one); ``raw_value``
     is always the bytes. ``headers`` are the user's own headers only; the redrive ones
-    are read into ``retry``.
+    are read into ``retry``. (Not frozen: a frozen dataclass costs a slow
+    ``object.__setattr__`` per field, on every record.)
     """
 
     topic: str

@@ -30,6 +30,11 @@ class PauseBook:
         self.all_until = max(until_ms, self.all_until or 0)
         self._consumer.pause(self._consumer.assignment())
 
+    @property
+    def active(self) -> bool:
+        """Whether any partition waits at all (the loop's cheap first check)."""
+        return self.all_until is not None or bool(self._until)
+
     def waiting(self, partition: Partition) -> bool:
         return self.all_until is not None or partition in self._until
 

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from redrive.service.api import create_router
+from redrive.service.ui import mount_ui
 
 if TYPE_CHECKING:
     from redrive.service.service import RetryService
@@ -55,4 +56,5 @@ def create_app(service: RetryService) -> FastAPI:
         return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(create_router(service))
+    mount_ui(app, service)
     return app

@@ -1,0 +1,223 @@
+"""What operators do, whoever asks: the REST API and the web UI call these.
+
+Each action checks its input, does the work, writes the audit entry, and returns
+what it did; a refusal is an ActionRefused with the HTTP status it maps to and a
+sentence saying why. The caller has already established who asks and that their
+role allows it.
+"""
+
+import base64
+import binascii
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from redrive.service.auth import Principal
+from redrive.service.filters import DeadLetterFilter
+from redrive.service.replay import Edit, ReplayRefused
+
+if TYPE_CHECKING:
+    from redrive.service.service import RetryService
+
+
+class ActionRefused(Exception):
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+
+
+# ------------------------------------------------------------------ request bodies (API and UI)
+
+
+class Payload(BaseModel):
+    """Bytes given as exactly one of: UTF-8 text, base64, or a JSON value."""
+
+    model_config = ConfigDict(extra="forbid")
+    text: str | None = None
+    base64: str | None = None
+    json_value: Any = Field(None, alias="json")
+
+    @model_validator(mode="after")
+    def _one(self) -> "Payload":
+        given = [
+            self.text is not None,
+            self.base64 is not None,
+            "json_value" in self.model_fields_set,
+        ]
+        if sum(given) != 1:
+            raise ValueError("give exactly one of text, base64 or json")
+        if self.base64 is not None:
+            try:
+                base64.b64decode(self.base64, validate=True)
+            except binascii.Error as exc:
+                raise ValueError(f"base64: {exc}") from None
+        return self
+
+    def to_bytes(self) -> bytes:
+        if self.text is not None:
+            return self.text.encode()
+        if self.base64 is not None:
+            return base64.b64decode(self.base64)
+        return json.dumps(self.json_value).encode()
+
+
+class HeaderIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=255)
+    value: Payload | None = None
+
+
+class ReplayOne(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    destination: str | None = Field(None, max_length=249, description="Default: its topic.")
+    value: Payload | None = Field(None, description="Edit the value before replaying.")
+    headers: list[HeaderIn] | None = Field(None, max_length=100, description="Replace headers.")
+    keep: bool = Field(False, description="Keep the dead letter after replaying it.")
+
+
+class Selection(BaseModel):
+    """Dead letters by id, or everything a filter matches (`all` for an empty filter)."""
+
+    model_config = ConfigDict(extra="forbid")
+    ids: list[int] | None = Field(None, max_length=10_000)
+    filter: DeadLetterFilter | None = None
+    all: bool = False
+
+    @model_validator(mode="after")
+    def _chosen(self) -> "Selection":
+        if (self.ids is None) == (self.filter is None):
+            raise ValueError("give either ids or filter")
+        if self.filter is not None and self.filter.is_empty() and not self.all:
+            raise ValueError("an empty filter matches every dead letter: set all=true to mean it")
+        return self
+
+
+class ReplayMany(Selection):
+    destination: str | None = Field(None, max_length=249)
+    keep: bool = False
+    rate: float | None = Field(None, gt=0, le=100_000, description="Messages per second.")
+
+
+class OperatorActions:
+    def __init__(self, service: "RetryService") -> None:
+        self.service = service
+
+    def _replay(
+        self,
+        who: Principal,
+        rows: list[dict[str, Any]],
+        destination: str | None,
+        keep: bool,
+        rate: float | None,
+        edit: Edit | None,
+        action: str,
+        flt: DeadLetterFilter | None,
+    ) -> dict[str, Any]:
+        ops, settings = self.service.operations, self.service.settings
+        try:
+            acked = self.service.replayer.replay(
+                rows,
+                destination=destination,
+                edit=edit,
+                rate_per_s=rate or settings.replay_rate_per_second,
+            )
+        except ReplayRefused as exc:
+            raise ActionRefused(400, str(exc)) from None
+        if not keep:
+            ops.delete_dead_letters(acked)
+        ops.audit(
+            actor=who.name,
+            role=who.role,
+            action=action,
+            ids=acked,
+            flt=flt,
+            count=len(acked),
+            detail={"destination": destination, "kept": keep, "edited": edit is not None},
+        )
+        failed = sorted({r["id"] for r in rows} - set(acked))
+        return {"replayed": len(acked), "ids": acked, "failed": failed}
+
+    def replay_one(
+        self, who: Principal, letter_id: int, body: "ReplayOne | None" = None
+    ) -> dict[str, Any]:
+        body = body or ReplayOne()
+        row = self.service.operations.dead_letter(letter_id)
+        if row is None:
+            raise ActionRefused(404, f"no dead letter {letter_id}")
+        edit = None
+        if body.value is not None or body.headers is not None:
+            edit = Edit(
+                value=body.value.to_bytes() if body.value is not None else None,
+                headers=None
+                if body.headers is None
+                else [
+                    (h.name, None if h.value is None else h.value.to_bytes()) for h in body.headers
+                ],
+            )
+        action = "edit-and-replay" if edit else "replay"
+        result = self._replay(who, [row], body.destination, body.keep, None, edit, action, None)
+        if not result["replayed"]:
+            raise ActionRefused(502, f"the broker did not acknowledge dead letter {letter_id}")
+        return result
+
+    def _select(self, selection: "Selection") -> tuple[list[dict[str, Any]], int]:
+        ops = self.service.operations
+        if selection.ids is not None:
+            return ops.dead_letters_by_id(selection.ids), 0
+        assert selection.filter is not None
+        ids = ops.dead_letter_ids(
+            selection.filter, limit=self.service.settings.replay_max_per_request
+        )
+        total = ops.count_dead_letters(selection.filter)
+        return ops.dead_letters_by_id(ids), max(total - len(ids), 0)
+
+    def replay_many(self, who: Principal, body: "ReplayMany") -> dict[str, Any]:
+        rows, remaining = self._select(body)
+        result = self._replay(
+            who, rows, body.destination, body.keep, body.rate, None, "replay", body.filter
+        )
+        return {**result, "remaining": remaining}
+
+    def delete_one(self, who: Principal, letter_id: int) -> dict[str, Any]:
+        ops = self.service.operations
+        deleted = ops.delete_dead_letters([letter_id])
+        if not deleted:
+            raise ActionRefused(404, f"no dead letter {letter_id}")
+        ops.audit(actor=who.name, role=who.role, action="delete", ids=deleted, count=1)
+        return {"deleted": 1, "ids": deleted}
+
+    def delete_many(self, who: Principal, body: "Selection") -> dict[str, Any]:
+        ops = self.service.operations
+        if body.ids is not None:
+            ids = body.ids
+        else:
+            assert body.filter is not None
+            ids = ops.dead_letter_ids(body.filter, limit=1_000_000)
+        deleted = ops.delete_dead_letters(ids)
+        ops.audit(
+            actor=who.name,
+            role=who.role,
+            action="delete",
+            ids=deleted,
+            flt=body.filter,
+            count=len(deleted),
+        )
+        return {"deleted": len(deleted), "ids": deleted}
+
+    def retry_now(self, who: Principal, pending_id: int) -> dict[str, Any]:
+        ops = self.service.operations
+        if not ops.retry_now(pending_id, time.time_ns() // 1_000_000):
+            raise ActionRefused(404, f"no pending retry {pending_id} (delivered or cancelled?)")
+        self.service.wake_scheduler()
+        ops.audit(actor=who.name, role=who.role, action="retry-now", ids=[pending_id], count=1)
+        return {"retried": 1, "id": pending_id}
+
+    def cancel(self, who: Principal, pending_id: int) -> dict[str, Any]:
+        ops = self.service.operations
+        if not ops.cancel(pending_id, who.name):
+            raise ActionRefused(404, f"no pending retry {pending_id} (delivered or cancelled?)")
+        ops.audit(actor=who.name, role=who.role, action="cancel", ids=[pending_id], count=1)
+        return {"cancelled": 1, "id": pending_id}

@@ -1,0 +1,669 @@
+"""The web UI in headless Chromium, against the real service, broker and database.
+
+One service for the module, seeded with dead letters (sent to the DLQ by "consumers"
+through the requests topic, and invalid requests) and pending retries. Each scenario
+uses its own error type or key, so tests do not depend on each other's order.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+from confluent_kafka.admin import AdminClient, NewTopic
+from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
+
+from redrive.local.process import free_port
+from redrive.service.filters import DeadLetterFilter, PendingFilter
+from redrive.service.http import create_app
+from redrive.service.operations import Operations
+from redrive.service.service import RetryService
+from redrive.service.ui import mount_ui
+from tests.integration.service_harness import (
+    Collector,
+    Delivery,
+    fresh_database,
+    now_ms,
+    produce,
+    request_headers,
+    running_service,
+    settings_for,
+)
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+XSS_VALUE = "<script>window.__xss = 1</script>"
+XSS_MESSAGE = '<img src=x onerror="window.__xss=2">bad input'
+TRACE = """Traceback (most recent call last):
+  File "/app/shop/consumer.py", line 88, in handle
+    charge(order)
+  File "/app/shop/payments.py", line 41, in charge
+    raise PaymentDeclined(response.code, response.text)
+shop.PaymentDeclined: card declined by issuer (code 51)"""
+
+
+@dataclass
+class Ui:
+    service: RetryService
+    ops: Operations
+    url: str
+    bootstrap: str
+    orders: str
+    payments: str
+    operator: str
+    viewer: str
+    pending_ids: dict[bytes, int]
+
+    def letter(self, error_type: str) -> dict[str, Any]:
+        rows, _ = self.ops.dead_letters(DeadLetterFilter(error_type=error_type), limit=10)
+        assert rows, f"no dead letter with error type {error_type}"
+        return rows[0]
+
+
+def _create_topics(bootstrap: str, *prefixes: str) -> list[str]:
+    names = [f"{p}-{uuid.uuid4().hex[:8]}" for p in prefixes]
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(n, num_partitions=1) for n in names]).values():
+        future.result(timeout=30)
+    return names
+
+
+def _dead(
+    topic: str, error_type: str, key: bytes | None, value: bytes | None, **kw: Any
+) -> dict[str, Any]:
+    user = kw.pop("user_headers", [("trace-id", b"t-" + (key or b"none"))])
+    offset = kw.pop("offset", 1000 + len(error_type))
+    fields = {
+        "send_to": "dlq",
+        "error_type": error_type,
+        "error_message": kw.pop("message", f"{error_type.rsplit('.', 1)[-1]} while handling"),
+        "reason": kw.pop("reason", "attempts exhausted (5 of 5)"),
+        "group": kw.pop("group", "checkout"),
+        "attempt": kw.pop("attempt", 5),
+        "original_topic": topic,
+        "original_partition": 0,
+        "original_offset": offset,
+        "original_timestamp": now_ms() - 3_600_000,
+        **kw,
+    }
+    return {
+        "key": key,
+        "value": value,
+        "headers": request_headers(topic, now_ms(), user, **fields),
+    }
+
+
+def _seed(ui_topics: tuple[str, str, str], requests_topic: str, bootstrap: str) -> int:
+    """Produce the dead letters and pending retries; returns how many dead letters."""
+    orders, payments, inventory = ui_topics
+    order = json.dumps({"order": 7, "sku": "A-1", "qty": 2, "customer": {"id": 42}}).encode()
+    records = [
+        _dead(
+            orders,
+            "shop.PaymentDeclined",
+            b"order-7",
+            order,
+            message="card declined by issuer (code 51)",
+            error_trace=TRACE,
+            user_headers=[("trace-id", b"trace-7"), ("tenant", b"acme")],
+        ),
+        _dead(orders, "shop.PriceMismatch", b"order-8", b'{"order": 8, "price": 10}'),
+        _dead(orders, "shop.OutOfStock", b"order-9", b'{"order": 9}'),
+        _dead(orders, "shop.Fraud", b"order-10", b'{"order": 10}'),
+        _dead(orders, "shop.NoScript", b"order-11", b'{"order": 11}'),
+        *[
+            _dead(orders, "shop.Timeout", f"order-t{i}".encode(), b'{"slow": true}', offset=i)
+            for i in range(3)
+        ],
+        _dead(
+            orders,
+            "xss.Probe",
+            b"<b>key</b>",
+            XSS_VALUE.encode(),
+            message=XSS_MESSAGE,
+            user_headers=[("note", b"<script>window.__xss = 3</script>")],
+        ),
+        _dead(
+            inventory,
+            "codec.DecodeError",
+            b"\x00\x01sku",
+            bytes(range(48)) + b"\xff\xfe<tail>",
+            message="'utf-8' codec can't decode byte 0xff in position 48",
+            group="inventory-sync",
+        ),
+        _dead(
+            payments,
+            "billing.InvoiceRejected",
+            b"invoice-2024-0042",
+            json.dumps(
+                {
+                    "invoice": "2024-0042",
+                    "lines": [{"sku": "A-1", "amount": "19.90"}, {"sku": "B-7", "amount": "5.00"}],
+                    "currency": "EUR",
+                    "note": "multi\nline",
+                }
+            ).encode(),
+            message="invoice total 24.90 does not match order total 25.90",
+            error_trace=TRACE.replace("PaymentDeclined", "InvoiceRejected"),
+            group="billing",
+            attempt=3,
+            reason="non-retryable error: billing.InvoiceRejected",
+        ),
+        *[
+            _dead(
+                inventory,
+                "json.decoder.JSONDecodeError",
+                f"sku-{i}".encode(),
+                b"{not json",
+                message="Expecting property name enclosed in double quotes: line 1 column 2",
+                group="inventory-sync",
+                offset=500 + i,
+            )
+            for i in range(4)
+        ],
+        {"value": b"a request without redrive headers"},
+        {"value": b"junk", "headers": [("redrive-destination", b"x"), ("redrive-retry-at", b"x")]},
+    ]
+    due = now_ms()
+    pending = [
+        {
+            "key": f"pay-{i}".encode(),
+            "value": json.dumps({"payment": i}).encode(),
+            "headers": request_headers(
+                payments,
+                due + delay_s * 1000,
+                [("trace-id", f"pay-trace-{i}".encode())],
+                group="billing",
+                attempt=i,
+                original_topic=payments,
+                original_partition=0,
+                original_offset=900 + i,
+            ),
+        }
+        for i, delay_s in enumerate((600, 3600, 7200, 86_400), start=1)
+    ]
+    produce(bootstrap, requests_topic, records + pending)
+    return len(records)
+
+
+def _serve(app: Any) -> tuple[uvicorn.Server, threading.Thread, int]:
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    )
+    thread = threading.Thread(target=server.run, name="ui-test-http", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.started, "the UI's HTTP server did not start"
+    return server, thread, port
+
+
+@pytest.fixture(scope="module")
+def ui(bootstrap: str, database_url: str) -> Iterator[Ui]:
+    orders, payments, inventory = _create_topics(bootstrap, "orders", "payments", "inventory")
+    settings = settings_for(bootstrap, fresh_database(database_url))
+    with running_service(settings) as service:
+        app = create_app(service)
+        mount_ui(app, service)
+        server, thread, port = _serve(app)
+        try:
+            ops = service.operations
+            expected = _seed((orders, payments, inventory), settings.requests_topic, bootstrap)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                stats = ops.stats()
+                if stats["dead_letters"]["total"] >= expected and stats["pending"]["total"] >= 4:
+                    break
+                time.sleep(0.2)
+            assert ops.stats()["dead_letters"]["total"] == expected
+            rows, _ = ops.pending(PendingFilter(), limit=10)
+            yield Ui(
+                service=service,
+                ops=ops,
+                url=f"http://127.0.0.1:{port}",
+                bootstrap=bootstrap,
+                orders=orders,
+                payments=payments,
+                operator=service.tokens.create("ui-operator", "operator"),
+                viewer=service.tokens.create("ui-viewer", "viewer"),
+                pending_ids={r["msg_key"]: r["id"] for r in rows},
+            )
+        finally:
+            server.should_exit = True
+            thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: run scripts/install-system-deps.sh (apt chromium)")
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+@pytest.fixture
+def context(browser: Browser, ui: Ui) -> Iterator[BrowserContext]:
+    ctx = browser.new_context(base_url=ui.url, viewport={"width": 1360, "height": 900})
+    ctx.set_default_timeout(10_000)
+    yield ctx
+    ctx.close()
+
+
+@pytest.fixture
+def page(context: BrowserContext) -> Page:
+    return context.new_page()
+
+
+def sign_in(page: Page, token: str) -> None:
+    page.goto("/login")
+    page.get_by_label("API token").fill(token)
+    page.get_by_role("button", name="Sign in").click()
+    expect(page.locator(".flash-ok")).to_contain_text("Signed in as")
+
+
+def confirm(page: Page, button: str) -> None:
+    dialog = page.locator("dialog#confirm")
+    expect(dialog).to_be_visible()
+    dialog.get_by_role("button", name=button, exact=True).click()
+
+
+def audited(ui: Ui, action: str, letter_id: int) -> dict[str, Any]:
+    entries, _ = ui.ops.audit_log(limit=100)
+    for entry in entries:
+        if entry["action"] == action and letter_id in entry["ids"]:
+            return entry
+    raise AssertionError(f"no audit entry {action} for {letter_id}: {entries}")
+
+
+def delivered(collector: Collector, key: bytes, timeout_s: float = 20) -> Delivery:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for delivery in collector.poll_until(len(collector.received) + 1, 0.5):
+            if delivery.key == key:
+                return delivery
+    raise AssertionError(f"nothing with key {key!r} arrived on {collector.topic}")
+
+
+# ---------------------------------------------------------------------- tests
+
+
+def test_screenshots_of_every_page(ui: Ui, browser: Browser, page: Page, output_dir: Path) -> None:
+    shots = output_dir / "screenshots"
+    shots.mkdir(parents=True, exist_ok=True)
+
+    anonymous = browser.new_context(base_url=ui.url, viewport={"width": 1360, "height": 900})
+    login = anonymous.new_page()
+    login.goto("/login")
+    expect(login.get_by_label("API token")).to_be_focused()
+    login.screenshot(path=shots / "login.png")
+    anonymous.close()
+
+    sign_in(page, ui.operator)
+    page.goto("/")
+    expect(page.locator('[data-stat="dead"]')).not_to_have_text("0")
+    expect(page.locator("figure.chart")).to_have_count(2)
+    page.screenshot(path=shots / "overview.png", full_page=True)
+
+    page.goto("/pending")
+    expect(page.locator("table[data-rows] tbody tr")).to_have_count(4)
+    page.screenshot(path=shots / "pending.png", full_page=True)
+
+    page.goto("/dead-letters")
+    page.keyboard.press("j")
+    page.keyboard.press("j")
+    page.keyboard.press("x")
+    page.screenshot(path=shots / "dead-letters.png", full_page=True)
+    page.keyboard.press("?")
+    expect(page.locator("dialog#shortcuts")).to_be_visible()
+    page.screenshot(path=shots / "shortcuts.png")
+    page.keyboard.press("Escape")
+
+    letter = ui.letter("billing.InvoiceRejected")
+    page.goto(f"/dead-letters/{letter['id']}")
+    expect(page.locator("#value pre.code.json")).to_contain_text('"currency": "EUR"')
+    page.screenshot(path=shots / "dead-letter.png", full_page=True)
+    page.get_by_role("button", name="Delete", exact=True).click()
+    expect(page.locator("dialog#confirm")).to_be_visible()
+    page.screenshot(path=shots / "confirm-dialog.png")
+    page.locator("dialog#confirm").get_by_role("button", name="Cancel").click()
+
+    binary = ui.letter("codec.DecodeError")
+    page.goto(f"/dead-letters/{binary['id']}")
+    expect(page.locator("#value pre.code.binary")).to_contain_text("00000000  00 01 02 03")
+    page.screenshot(path=shots / "dead-letter-binary.png", full_page=True)
+    for name in ("login", "overview", "pending", "dead-letters", "dead-letter"):
+        assert (shots / f"{name}.png").stat().st_size > 10_000
+
+
+def test_search_open_and_replay(ui: Ui, page: Page) -> None:
+    letter = ui.letter("shop.PaymentDeclined")
+    collector = Collector(ui.bootstrap, ui.orders)
+    try:
+        sign_in(page, ui.operator)
+        page.goto("/")
+        total = ui.ops.stats()["dead_letters"]["total"]
+        expect(page.locator('[data-stat="dead"]')).to_have_text(f"{total:,}")
+        expect(page.locator("table.breakdown").filter(has_text="Error type")).to_contain_text(
+            "shop.PaymentDeclined"
+        )
+
+        page.keyboard.press("g")
+        page.keyboard.press("d")
+        page.wait_for_url("**/dead-letters")
+        page.keyboard.press("/")
+        expect(page.locator("input[name=text]")).to_be_focused()
+        page.keyboard.press("Escape")
+        page.locator("input[name=error_type]").fill("shop.PaymentDeclined")
+        page.locator("input[name=error_type]").press("Enter")
+        rows = page.locator("table[data-rows] tbody tr")
+        expect(rows).to_have_count(1)
+        expect(rows.first).to_contain_text("card declined by issuer")
+
+        page.keyboard.press("j")
+        expect(rows.first).to_have_class(re.compile("selected"))
+        page.keyboard.press("Enter")
+        page.wait_for_url(re.compile(rf"/dead-letters/{letter['id']}\?back="))
+        expect(page.locator("pre.code.key")).to_have_text("order-7")
+        expect(page.locator("#value pre.code.json")).to_contain_text('"sku": "A-1"')
+        expect(page.locator("table.headers").first).to_contain_text("trace-7")
+        expect(page.locator("pre.trace")).to_contain_text("raise PaymentDeclined")
+        expect(page.locator("dl.facts")).to_contain_text(f"{ui.orders} / p0 @ ")
+
+        page.get_by_role("button", name="Replay", exact=True).click()
+        expect(page.locator("#confirm-text")).to_have_text(
+            f"Replay dead letter {letter['id']} to {ui.orders}?"
+        )
+        confirm(page, "Replay")
+        expect(page.locator(".flash-ok")).to_contain_text(f"Replayed dead letter {letter['id']}")
+        # Back on the search it came from, which no longer finds it.
+        expect(page).to_have_url(re.compile(r"/dead-letters\?error_type=shop.PaymentDeclined$"))
+        expect(page.locator("table[data-rows]")).to_have_count(0)
+
+        got = delivered(collector, b"order-7")
+        assert got.value == letter["msg_value"]
+        assert got.headers == [("trace-id", b"trace-7"), ("tenant", b"acme")]
+    finally:
+        collector.close()
+    assert ui.ops.dead_letter(letter["id"]) is None
+    entry = audited(ui, "replay", letter["id"])
+    assert entry["actor"] == "ui-operator"
+    assert entry["role"] == "operator"
+
+
+def test_edit_then_replay_and_refused_destination(ui: Ui, page: Page) -> None:
+    letter = ui.letter("shop.PriceMismatch")
+    collector = Collector(ui.bootstrap, ui.orders)
+    try:
+        sign_in(page, ui.operator)
+        page.goto(f"/dead-letters/{letter['id']}")
+        page.get_by_text("Edit the value, then replay").click()
+        textarea = page.locator("textarea[name=value]")
+        expect(textarea).to_have_value('{"order": 8, "price": 10}')
+
+        # A destination outside the allowlist: the API's refusal, shown on the page.
+        edit = page.locator("details.edit")
+        edit.locator("input[name=destination]").fill("__consumer_offsets")
+        edit.get_by_role("button", name="Replay edited value").click()
+        confirm(page, "Replay edited value")
+        expect(page.locator(".flash-error")).to_contain_text("not allowed")
+        assert ui.ops.dead_letter(letter["id"]) is not None
+
+        page.get_by_text("Edit the value, then replay").click()
+        page.locator("textarea[name=value]").fill('{"order": 8,\n "price": 12}')
+        page.get_by_role("button", name="Replay edited value").click()
+        confirm(page, "Replay edited value")
+        expect(page.locator(".flash-ok")).to_contain_text(f"Replayed dead letter {letter['id']}")
+        got = delivered(collector, b"order-8")
+        assert got.value == b'{"order": 8,\n "price": 12}'
+        assert got.headers == [("trace-id", b"t-order-8")]
+    finally:
+        collector.close()
+    assert audited(ui, "edit-and-replay", letter["id"])["actor"] == "ui-operator"
+
+
+def test_delete_one_and_bulk(ui: Ui, page: Page) -> None:
+    letter = ui.letter("shop.OutOfStock")
+    sign_in(page, ui.operator)
+    page.goto("/dead-letters?error_type=shop.OutOfStock")
+    page.get_by_role("link", name=str(letter["id"]), exact=True).click()
+    page.get_by_role("button", name="Delete", exact=True).click()
+    expect(page.locator("#confirm-text")).to_have_text(
+        f"Delete dead letter {letter['id']}? This cannot be undone."
+    )
+    confirm(page, "Delete")
+    expect(page.locator(".flash-ok")).to_have_text(f"Deleted dead letter {letter['id']}.")
+    expect(page.get_by_text("No dead letter matches this search.")).to_be_visible()
+    assert ui.ops.dead_letter(letter["id"]) is None
+    entry = audited(ui, "delete", letter["id"])
+    assert (entry["actor"], entry["count"]) == ("ui-operator", 1)
+
+    # Bulk: tick two rows with the keyboard, delete them, then replay what the filter matches.
+    page.goto("/dead-letters?error_type=shop.Timeout")
+    rows = page.locator("table[data-rows] tbody tr")
+    expect(rows).to_have_count(3)
+    ids = [int(i) for i in rows.evaluate_all("rs => rs.map(r => r.dataset.id)")]
+    for key in ("j", "x", "j", "x"):
+        page.keyboard.press(key)
+    expect(page.locator("[data-selection-count]")).to_have_text("2 selected")
+    page.get_by_role("button", name="Delete selected").click()
+    expect(page.locator("#confirm-text")).to_have_text(
+        "Delete the 2 selected dead letters? This cannot be undone."
+    )
+    confirm(page, "Delete selected")
+    expect(page.locator(".flash-ok")).to_have_text("Deleted 2 dead letters.")
+    expect(rows).to_have_count(1)
+    assert audited(ui, "delete", ids[0])["ids"] == sorted(ids[:2])
+
+    remaining = ui.ops.dead_letter(ids[2])
+    assert remaining is not None
+    collector = Collector(ui.bootstrap, ui.orders)
+    try:
+        page.get_by_role("button", name="Replay all 1").click()
+        expect(page.locator("#confirm-text")).to_contain_text("error type 'shop.Timeout'")
+        confirm(page, "Replay all 1")
+        expect(page.locator(".flash-ok")).to_have_text("Replayed 1 dead letter.")
+        delivered(collector, remaining["msg_key"])
+    finally:
+        collector.close()
+    entry = audited(ui, "replay", ids[2])
+    assert entry["filter"] == {"error_type": "shop.Timeout"}
+
+
+def test_payloads_are_shown_as_text(ui: Ui, page: Page) -> None:
+    letter = ui.letter("xss.Probe")
+    page.goto("/dead-letters?error_type=xss.Probe")
+    expect(page.locator(".error-msg")).to_have_text(XSS_MESSAGE)
+    expect(page.locator("td.key-cell")).to_have_text("<b>key</b>")
+    page.get_by_role("link", name=str(letter["id"]), exact=True).click()
+
+    expect(page.locator("#value pre.code")).to_have_text(XSS_VALUE)
+    expect(page.locator("#value pre.code")).to_be_visible()
+    expect(page.locator(".error-message")).to_have_text(XSS_MESSAGE)
+    expect(page.locator("table.headers").first).to_contain_text("<script>window.__xss = 3</script>")
+    expect(page.locator("textarea[name=value]")).to_have_value(XSS_VALUE)
+    assert page.evaluate("typeof window.__xss") == "undefined"
+    assert page.locator("script:not([src])").count() == 0
+    assert page.locator("main img").count() == 0
+
+
+def test_forms_need_csrf_token_and_operator(ui: Ui, browser: Browser, page: Page) -> None:
+    letter = ui.letter("shop.Fraud")
+    sign_in(page, ui.operator)
+
+    # No CSRF field, then a forged one: refused even though the session is an operator's.
+    url = f"/dead-letters/{letter['id']}/delete"
+    refused = page.request.post(url, form={"confirmed": "1"}, max_redirects=0)
+    assert refused.status == 403
+    assert "CSRF" in refused.text()
+    forged = page.request.post(url, form={"confirmed": "1", "csrf": "A" * 43}, max_redirects=0)
+    assert forged.status == 403
+
+    # A page on another site that posts the form: the browser sends no cookie, refused.
+    evil = (
+        f'<form method="post" action="{ui.url}{url}"><input name="confirmed" value="1">'
+        f'<input name="csrf" value="{"B" * 43}"></form><script>document.forms[0].submit()</script>'
+    )
+    page.route("http://evil.test/", lambda r: r.fulfill(body=evil, content_type="text/html"))
+    with page.expect_response(lambda r: r.request.method == "POST") as posted:
+        page.goto("http://evil.test/")
+    assert posted.value.status == 403
+    assert ui.ops.dead_letter(letter["id"]) is not None
+
+    # Signed in as a viewer: the page says so, and the action is refused with that message.
+    viewer = browser.new_context(base_url=ui.url)
+    try:
+        vpage = viewer.new_page()
+        sign_in(vpage, ui.viewer)
+        expect(vpage.locator(".who")).to_contain_text("ui-viewer viewer")
+        vpage.goto(f"/dead-letters/{letter['id']}")
+        expect(vpage.locator(".actions .notice")).to_contain_text("sign in with an operator token")
+        vpage.get_by_role("button", name="Delete", exact=True).click()
+        with vpage.expect_response(lambda r: r.request.method == "POST") as answer:
+            confirm(vpage, "Delete")
+        assert answer.value.status == 403
+        expect(vpage.get_by_role("heading", name="Operator token needed")).to_be_visible()
+        expect(vpage.locator(".lead")).to_have_text(
+            "This action needs an operator token: sign in with an operator token."
+        )
+        vpage.get_by_role("link", name="Sign in with an operator token").click()
+        expect(vpage).to_have_url(re.compile(r"/login\?next="))
+    finally:
+        viewer.close()
+    assert ui.ops.dead_letter(letter["id"]) is not None
+    entries, _ = ui.ops.audit_log(limit=100)
+    assert not [e for e in entries if letter["id"] in e["ids"]]
+
+
+def test_forms_work_without_javascript(ui: Ui, browser: Browser) -> None:
+    letter = ui.letter("shop.NoScript")
+    ctx = browser.new_context(base_url=ui.url, java_script_enabled=False)
+    try:
+        page = ctx.new_page()
+        sign_in(page, ui.operator)
+        page.goto(f"/dead-letters/{letter['id']}")
+        page.get_by_role("button", name="Delete", exact=True).click()
+        expect(page.get_by_role("heading", name="Please confirm")).to_be_visible()
+        expect(page.locator(".lead")).to_have_text(
+            f"Delete dead letter {letter['id']}? This cannot be undone."
+        )
+        page.get_by_role("button", name="Delete", exact=True).click()
+        expect(page.locator(".flash-ok")).to_have_text(f"Deleted dead letter {letter['id']}.")
+    finally:
+        ctx.close()
+    assert ui.ops.dead_letter(letter["id"]) is None
+
+
+def test_pending_retry_now_and_cancel(ui: Ui, page: Page) -> None:
+    first, second = ui.pending_ids[b"pay-1"], ui.pending_ids[b"pay-2"]
+    collector = Collector(ui.bootstrap, ui.payments)
+    try:
+        sign_in(page, ui.operator)
+        page.goto("/pending")
+        row = page.locator(f'tr[data-id="{first}"]')
+        expect(row.locator("td.due time")).to_have_text(re.compile(r"^in (9m|10m)"))
+        expect(row).to_contain_text(ui.payments)
+        row.get_by_role("button", name="Retry now").click()
+        expect(page.locator(".flash-ok")).to_have_text(f"Pending retry {first} is due now.")
+        got = delivered(collector, b"pay-1")
+        assert got.value == b'{"payment": 1}'
+        deadline = time.monotonic() + 10
+        while ui.ops.pending_one(first) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        page.reload()
+        expect(page.locator(f'tr[data-id="{first}"]')).to_have_count(0)
+
+        page.locator(f'tr[data-id="{second}"]').get_by_role("button", name="Cancel…").click()
+        confirm(page, "Cancel retry")
+        expect(page.locator(".flash-ok")).to_contain_text(f"Pending retry {second} cancelled")
+        expect(page.locator(f'tr[data-id="{second}"]')).to_have_count(0)
+    finally:
+        collector.close()
+    assert ui.ops.pending_one(second) is None
+    cancelled, _ = ui.ops.dead_letters(DeadLetterFilter(reason="cancelled"), limit=10)
+    assert [r["msg_key"] for r in cancelled] == [b"pay-2"]
+    assert audited(ui, "retry-now", first)["actor"] == "ui-operator"
+    assert audited(ui, "cancel", second)["actor"] == "ui-operator"
+
+
+def test_cookies_headers_and_reads_behind_a_token(
+    ui: Ui, context: BrowserContext, page: Page
+) -> None:
+    response = page.goto("/login")
+    assert response is not None
+    headers = response.headers
+    assert "script-src 'self'" in headers["content-security-policy"]
+    assert "frame-ancestors 'none'" in headers["content-security-policy"]
+    assert headers["cache-control"] == "no-store"
+    sign_in(page, ui.viewer)
+    cookies = {c["name"]: c for c in context.cookies()}
+    for name in ("redrive_session", "redrive_csrf"):
+        assert cookies[name]["httpOnly"], name
+        assert cookies[name]["sameSite"] == "Strict", name
+    assert cookies["redrive_session"]["value"] == ui.viewer
+
+    # With require_token_for_reads, an anonymous reader is sent to sign in, then back.
+    ui.service.settings.require_token_for_reads = True
+    try:
+        anonymous = page.context.browser.new_context(base_url=ui.url)  # type: ignore[union-attr]
+        try:
+            apage = anonymous.new_page()
+            apage.goto("/dead-letters?error_type=shop.Fraud")
+            expect(apage).to_have_url(re.compile(r"/login\?next="))
+            expect(apage.locator(".login")).to_contain_text("needs a token to read")
+            apage.get_by_label("API token").fill("rdv_not-a-real-token")
+            apage.get_by_role("button", name="Sign in").click()
+            expect(apage.locator(".flash-error")).to_contain_text("Unknown or revoked token")
+            apage.get_by_label("API token").fill(ui.viewer)
+            apage.get_by_role("button", name="Sign in").click()
+            expect(apage).to_have_url(re.compile(r"/dead-letters\?error_type=shop.Fraud$"))
+            expect(apage.locator("table[data-rows] tbody tr")).to_have_count(1)
+            apage.get_by_role("button", name="Sign out").click()
+            apage.goto("/")
+            expect(apage).to_have_url(re.compile(r"/login\?next=%2F$"))
+        finally:
+            anonymous.close()
+    finally:
+        ui.service.settings.require_token_for_reads = False
+
+
+def test_cursor_pagination(ui: Ui, page: Page, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("redrive.service.ui.PAGE_SIZE", 3)
+    page.goto("/dead-letters?group=inventory-sync")
+    rows = page.locator("table[data-rows] tbody tr")
+    expect(rows).to_have_count(3)
+    first = rows.evaluate_all("rs => rs.map(r => Number(r.dataset.id))")
+    page.get_by_role("link", name="Older").click()
+    expect(page).to_have_url(re.compile(r"group=inventory-sync&cursor="))
+    expect(rows).to_have_count(2)
+    second = rows.evaluate_all("rs => rs.map(r => Number(r.dataset.id))")
+    assert max(second) < min(first)
+    expect(page.get_by_role("link", name="Older")).to_have_count(0)
+    page.get_by_role("link", name="First page").click()
+    expect(rows).to_have_count(3)
+
+    monkeypatch.setattr("redrive.service.ui.PAGE_SIZE", 1)  # at least 2 stay pending
+    page.goto("/pending")
+    expect(page.locator("table[data-rows] tbody tr")).to_have_count(1)
+    expect(page.get_by_role("link", name="Later")).to_be_visible()
