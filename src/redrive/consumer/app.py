@@ -67,6 +67,10 @@ class DeserializationError(FatalError):
     """A record's value could not be deserialized: retrying cannot help."""
 
 
+# Dead letters name it by its public name, the one users import and search for.
+DeserializationError.__module__ = "redrive"
+
+
 @dataclass(frozen=True, slots=True)
 class _InPlace:
     """A record being retried in place (blocking, pause): its failures so far."""

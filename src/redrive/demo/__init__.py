@@ -100,7 +100,8 @@ def run(*, oneshot: bool = False) -> int:
     _wait(lambda: app.running.is_set() and api.started, 30)
     service_url = f"http://127.0.0.1:{service.http_port}"
     status_url = f"http://127.0.0.1:{items_port}/v1/demo/items/{{}}/status"
-    print(f"retry service  {service_url}   items API  http://127.0.0.1:{items_port}\n")
+    print(f"retry service and web UI  {service_url}/")
+    print(f"items API                 http://127.0.0.1:{items_port}\n")
 
     producer = Producer({"bootstrap.servers": status.bootstrap})
     item_id = str(uuid.uuid4())
@@ -153,7 +154,13 @@ def run(*, oneshot: bool = False) -> int:
             f"retr{'y' if retries == 1 else 'ies'}"
             " through the retry service; the malformed event is a dead letter."
         )
-        print(f"retry service: {service_url}/metrics, {service_url}/readyz")
+        print()
+        print(f"web UI: {service_url}/")
+        print("  Overview: the malformed event is under 'Dead letters by error type' as")
+        print("  redrive.DeserializationError; click it, then open the letter to see its raw")
+        print("  value, the stack trace and the Replay / Delete actions (these need an operator")
+        print("  token: redrive token create me --role operator, then Sign in).")
+        print(f"REST API: {service_url}/docs   metrics: {service_url}/metrics")
         if oneshot:
             print("demo passed" if ok else "demo FAILED")
             return 0 if ok else 1
