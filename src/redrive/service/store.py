@@ -131,12 +131,23 @@ class ClaimedRetry:
     deadline_ms: int | None
 
 
-_INSERT_PENDING = """
-INSERT INTO redrive_pending (
-    due_ms, destination, dest_partition, msg_key, msg_value, headers, attempt, group_id,
-    deadline_ms, original_topic, original_partition, original_offset,
-    request_topic, request_partition, request_offset)
-VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+_PENDING_COLUMNS = (
+    "due_ms, destination, dest_partition, msg_key, msg_value, headers, attempt, group_id, "
+    "deadline_ms, original_topic, original_partition, original_offset, "
+    "request_topic, request_partition, request_offset"
+)
+
+# A batch is copied into a session-local staging table (COPY is the fastest way in,
+# and psycopg writes its rows in C), then moved into place in one statement; the
+# unique indexes make a redelivered request a no-op there.
+_STAGE_PENDING = """
+CREATE TEMP TABLE IF NOT EXISTS redrive_intake_stage
+    (LIKE redrive_pending INCLUDING DEFAULTS) ON COMMIT DELETE ROWS
+"""
+_COPY_PENDING = f"COPY redrive_intake_stage ({_PENDING_COLUMNS}) FROM STDIN"
+_INSERT_PENDING = f"""
+INSERT INTO redrive_pending ({_PENDING_COLUMNS})
+SELECT {_PENDING_COLUMNS} FROM redrive_intake_stage
 ON CONFLICT DO NOTHING
 """
 
@@ -329,7 +340,11 @@ class Store:
         inserted = 0
         with self._conn() as conn, conn.transaction(), conn.cursor() as cur:
             if pending:
-                cur.executemany(_INSERT_PENDING, [_pending_params(r) for r in pending])
+                cur.execute(_STAGE_PENDING)
+                with cur.copy(_COPY_PENDING) as copy:
+                    for row in pending:
+                        copy.write_row(_pending_params(row))
+                cur.execute(_INSERT_PENDING)
                 inserted = max(cur.rowcount, 0)
                 earliest = min(r.due_ms for r in pending)
                 cur.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, str(earliest)))
