@@ -13,9 +13,11 @@ records (used by the test that keeps this example working).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
@@ -29,7 +31,10 @@ class PaymentDeclined(Exception):
 
 def main() -> None:
     bootstrap = os.environ.get("REDRIVE_BOOTSTRAP") or LocalStack().status().bootstrap
-    AdminClient({"bootstrap.servers": bootstrap}).create_topics([NewTopic("orders", 3)])
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic("orders", 3)]).values():
+        with contextlib.suppress(KafkaException):  # it may exist already
+            future.result(30)
     limit = int(os.environ.get("EXAMPLE_MAX_MESSAGES", "0"))
     handled = 0
 

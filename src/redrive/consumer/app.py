@@ -590,10 +590,16 @@ class App:
         log.warning("partitions lost", partitions=sorted(f"{t}[{p}]" for t, p in lost))
 
     def _forget(self, partitions: set[Partition]) -> None:
+        """Partitions leave this instance. Positions go (the next owner commits its own);
+        a partition waiting for a retry is resumed in the client but its wait and attempt
+        count are kept, in case a rebalance gives it back: then its record waits until
+        due again, with its attempts counted, instead of staying paused forever."""
         self._offsets.forget(partitions)
-        self._pauses.forget(partitions)
+        self._pauses.release(partitions)
+        parked = self._pauses.parked()
         for partition in partitions:
-            self._in_place.pop(partition, None)
+            if partition not in parked:
+                self._in_place.pop(partition, None)
 
     def _shutdown(self) -> None:
         consumer = self._consumer

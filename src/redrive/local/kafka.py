@@ -29,6 +29,7 @@ from redrive.local.process import (
     stop_process,
     write_pid,
 )
+from redrive.local.security import LocalSecurity
 
 KAFKA_POM = "kafka-pom.xml"
 HOST = "127.0.0.1"
@@ -55,12 +56,14 @@ class LocalKafka:
         *,
         heap: str = "768m",
         extra_properties: dict[str, str] | None = None,
+        security: LocalSecurity | None = None,
     ) -> None:
         self.root = root
         self.port = port
         self.controller_port = controller_port
         self.heap = heap
         self.extra_properties = dict(extra_properties or {})
+        self.security = security
         self.data_dir = root / "data"
         self.config_file = root / "server.properties"
         self.log_file = root / "kafka.log"
@@ -77,12 +80,19 @@ class LocalKafka:
         record = self.pid_record()
         return record is not None and record.alive()
 
+    def client_config(self) -> dict[str, str]:
+        """What a client needs to reach this broker (with credentials when secured)."""
+        config = {"bootstrap.servers": self.bootstrap}
+        if self.security is not None:
+            config.update(self.security.client_config())
+        return config
+
     def healthy(self, timeout: float = 3.0) -> bool:
         """True if the broker answers a metadata request within the timeout."""
         if not self.running():
             return False
         try:
-            admin = AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
+            admin = AdminClient({**self.client_config(), "log_level": 0})
             metadata = admin.list_topics(timeout=timeout)
             return bool(metadata.brokers)
         except Exception:  # noqa: BLE001 - any failure to answer means not healthy
@@ -110,6 +120,10 @@ class LocalKafka:
             "group.initial.rebalance.delay.ms": "0",
             "auto.create.topics.enable": "true",
         }
+        if self.security is not None:
+            secured = self.security.broker_properties(HOST, self.port)
+            secured["listeners"] = secured["listeners"].format(controller=self.controller_port)
+            props.update(secured)
         props.update(self.extra_properties)
         return props
 
@@ -145,6 +159,8 @@ class LocalKafka:
         java = self.preflight()
         jar_folder = fetch_jars(quiet=quiet)
         self.root.mkdir(parents=True, exist_ok=True)
+        if self.security is not None:
+            self.security.ensure_certificates()
         self._write_config()
         classpath = f"{jar_folder}/*"
         if not (self.data_dir / "meta.properties").exists():
@@ -159,6 +175,7 @@ class LocalKafka:
                     "format",
                     f"--cluster-id={_cluster_id()}",
                     f"--config={self.config_file}",
+                    *(self.security.scram_format_args() if self.security else []),
                 ],
                 capture_output=True,
                 text=True,

@@ -79,6 +79,9 @@ class ServiceSettings(BaseSettings):
         description="Reads of the API and UI need a viewer token too (payloads are "
         "sensitive in many shops).",
     )
+    max_request_bytes: int = Field(
+        1_048_576, ge=1024, description="Largest API or UI request body accepted (413 above)."
+    )
     replay_rate_per_second: float = Field(500.0, gt=0, description="Pace of bulk replays.")
     replay_max_per_request: int = Field(
         10_000,

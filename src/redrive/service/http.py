@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from redrive.service.api import create_router
 from redrive.service.ui import mount_ui
@@ -28,6 +29,56 @@ def _explain(errors: list[Any]) -> str:
         where = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "request"
         parts.append(f"{where}: {error.get('msg', 'invalid')}")
     return "; ".join(parts)
+
+
+class BodyLimit:
+    """Refuses request bodies over `limit` bytes with 413: by Content-Length at once,
+    and for chunked bodies by reading at most `limit` bytes before the app sees any
+    (the limit is small, so buffering the body costs nothing worth avoiding)."""
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await self._refuse(scope, receive, send)
+            return
+        body = bytearray()
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break  # the client went away: let the app see it
+            body += message.get("body", b"")
+            if len(body) > self.limit:
+                await self._refuse(scope, receive, send)
+                return
+            if not message.get("more_body", False):
+                break
+        delivered = False
+
+        async def replay() -> Message:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = JSONResponse(
+            {
+                "detail": f"request body too large: the limit is {self.limit} bytes "
+                "(setting max_request_bytes)"
+            },
+            status_code=413,
+        )
+        await response(scope, receive, send)
 
 
 def create_app(service: RetryService) -> FastAPI:
@@ -57,4 +108,5 @@ def create_app(service: RetryService) -> FastAPI:
 
     app.include_router(create_router(service))
     mount_ui(app, service)
+    app.add_middleware(BodyLimit, limit=service.settings.max_request_bytes)
     return app

@@ -73,7 +73,9 @@ class Replayer:
             value = row["msg_value"]
             if edit is not None:
                 value = edit.value if edit.value is not None else value
-                headers = edit.headers if edit.headers is not None else headers
+                if edit.headers is not None:
+                    # Edited headers cannot forge redrive metadata either.
+                    headers = [(k, v) for k, v in edit.headers if not is_redrive_header(k)]
 
             def done(err: KafkaError | None, msg: Message, row_id: int = row["id"]) -> None:
                 (failed.append((row_id, err)) if err else acked.append(row_id))
