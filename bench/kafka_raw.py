@@ -32,13 +32,14 @@ def produce(
     topic: str,
     n: int,
     headers: list[tuple[str, bytes]] | None = None,
+    payload: bytes = PAYLOAD,
 ) -> float:
     producer = Producer({"bootstrap.servers": bootstrap, **PRODUCER_TUNING})
     started = time.perf_counter()
     for i in range(n):
         while True:
             try:
-                producer.produce(topic, key=str(i % 1000).encode(), value=PAYLOAD, headers=headers)
+                producer.produce(topic, key=str(i % 1000).encode(), value=payload, headers=headers)
                 break
             except BufferError:
                 producer.poll(0.01)

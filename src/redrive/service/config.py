@@ -46,6 +46,10 @@ class ServiceSettings(BaseSettings):
         description="Extra librdkafka settings for every client (security.protocol, sasl.*, "
         "ssl.*...).",
     )
+    intake_kafka: dict[str, str | int] = Field(
+        default_factory=dict,
+        description="librdkafka settings for intake's consumer only (e.g. fetch sizes).",
+    )
     requests_topic: str = "redrive.requests"
     dlq_topic: str = "redrive.dlq"
     mirror_dead_letters: bool = Field(

@@ -63,6 +63,10 @@ class Intake:
                 "enable.auto.offset.store": False,
                 "auto.offset.reset": "earliest",
                 "fetch.wait.max.ms": 50,
+                # librdkafka prefetches up to 64 MB by default; intake takes bounded
+                # batches anyway, and the memory belongs to the service's budget.
+                "queued.max.messages.kbytes": 8192,
+                **settings.intake_kafka,
             }
         )
         self.mirror = (
