@@ -8,7 +8,7 @@ STAMP := $(VENV)/.redrive-installed
 SYSTEM_STAMP := $(VENV)/.redrive-system
 PYTEST_ARGS ?=
 
-.PHONY: setup demo test bench lint format clean
+.PHONY: setup demo test bench chaos lint format clean
 
 $(SYSTEM_STAMP): scripts/install-system-deps.sh
 	@scripts/install-system-deps.sh
@@ -30,6 +30,9 @@ demo: setup
 
 test: setup lint
 	@$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+chaos: setup
+	@REDRIVE_CHAOS=long $(BIN)/python -m pytest tests/chaos -m chaos -s $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	@$(BIN)/ruff check src tests bench

@@ -6,6 +6,7 @@ stack; requests are produced with confluent-kafka and the destination is read ba
 
 from __future__ import annotations
 
+import contextlib
 import random
 import re
 import statistics
@@ -97,14 +98,22 @@ def _service(
     return ServiceProcess(env, workdir / f"{name}.log"), requests_topic
 
 
-def end_to_end(bootstrap: str, server_url: str, n: int, workdir: Path) -> dict[str, float]:
-    """N requests due immediately: produce -> intake -> PostgreSQL -> scheduler -> read."""
+def end_to_end(
+    bootstrap: str, server_url: str, n: int, workdir: Path, instances: int = 1
+) -> dict[str, float]:
+    """N requests due immediately: produce -> intake -> PostgreSQL -> scheduler -> read,
+    through `instances` service processes sharing one database."""
     destination = create_topic(bootstrap, "bench-dest", 6)
-    service, requests_topic = _service(
-        bootstrap, fresh_database(server_url), destination, workdir, "e2e"
-    )
-    with service:
-        base = _http_base(service.log)
+    database = fresh_database(server_url)
+    first, requests_topic = _service(bootstrap, database, destination, workdir, "e2e-0")
+    services = [first] + [
+        ServiceProcess({**first.env, "REDRIVE_HTTP_PORT": "0"}, workdir / f"e2e-{i}.log")
+        for i in range(1, instances)
+    ]
+    with contextlib.ExitStack() as stack:
+        for service in services:
+            stack.enter_context(service)
+        bases = [_http_base(service.log) for service in services]
         reader = Reader(bootstrap, destination, n)
         reader.start()
         reader.ready.wait(30)
@@ -129,9 +138,13 @@ def end_to_end(bootstrap: str, server_url: str, n: int, workdir: Path) -> dict[s
         produced_at = time.perf_counter()
         ingested_at = None
         while reader.is_alive() and time.perf_counter() - started < 600:
-            if ingested_at is None and _metric(base, "redrive_requests_scheduled_total") >= n:
+            if (
+                ingested_at is None
+                and sum(_metric(base, "redrive_requests_scheduled_total") for base in bases) >= n
+            ):
                 ingested_at = time.perf_counter()
-            service.sample_rss()
+            for service in services:
+                service.sample_rss()
             time.sleep(0.05)
         reader.join(5)
         if len(reader.lateness) < n:
@@ -139,11 +152,12 @@ def end_to_end(bootstrap: str, server_url: str, n: int, workdir: Path) -> dict[s
         done = reader.last_arrival - started
     return {
         "n": n,
+        "instances": instances,
         "per_s": n / done,
         "seconds": done,
         "produced_s": produced_at - started,
         "ingested_s": (ingested_at or reader.last_arrival) - started,
-        "rss_mb": service.peak_rss / 2**20,
+        "rss_mb": max(service.peak_rss for service in services) / 2**20,
     }
 
 

@@ -34,7 +34,7 @@ class Reason:
     SENT_TO_DLQ: Final = "sent_to_dlq"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built once per request, on the hot path
 class Incoming:
     """The parts of a consumed request message that intake looks at."""
 

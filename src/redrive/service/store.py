@@ -75,7 +75,7 @@ class RequestCoordinates:
     offset: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built once per request, on the hot path
 class PendingRetry:
     """A valid retry request, waiting for its due time."""
 
@@ -117,7 +117,7 @@ class DeadLetter:
     request: RequestCoordinates | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built once per request, on the hot path
 class ClaimedRetry:
     """A due row a scheduler holds a lease on, ready to be produced."""
 
