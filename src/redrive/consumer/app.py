@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any, TypeVar, cast
+from typing import Any, TypedDict, TypeVar, Unpack, cast
 
 import structlog
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -61,6 +61,22 @@ RetryHook = Callable[[Message, Retry, BaseException], None]
 DeadLetterHook = Callable[[Message | None, DeadLetter, BaseException], None]
 
 DEFAULT_POLICY = "1s, 10s, 1m"
+
+
+class HandlerOptions(TypedDict, total=False):
+    """Options of :meth:`App.handler` and :meth:`App.add_handler`."""
+
+    policy: Any
+    """A schedule string, a list of delays, or a Policy (default ``"1s, 10s, 1m"``)."""
+    strategy: Strategy
+    retry_on: type[BaseException] | Iterable[type[BaseException]]
+    fatal_on: type[BaseException] | Iterable[type[BaseException]]
+    retryable: Callable[[BaseException], bool | None] | None
+    max_attempts: int | None
+    max_duration: str | float | None
+    value_deserializer: Callable[[bytes], Any] | None
+    dead_letters: DeadLetterTarget | None
+    per_group_topic: bool
 
 
 class DeserializationError(FatalError):
@@ -137,76 +153,42 @@ class App:
     # ------------------------------------------------------------------ registration
 
     def handler(
-        self,
-        topic: str,
-        *,
-        policy: Any = DEFAULT_POLICY,
-        strategy: Strategy = "service",
-        retry_on: type[BaseException] | Iterable[type[BaseException]] = (),
-        fatal_on: type[BaseException] | Iterable[type[BaseException]] = (),
-        retryable: Callable[[BaseException], bool | None] | None = None,
-        max_attempts: int | None = None,
-        max_duration: str | float | None = None,
-        value_deserializer: Callable[[bytes], Any] | None = None,
-        dead_letters: DeadLetterTarget | None = None,
-        per_group_topic: bool = False,
+        self, topic: str, **options: Unpack[HandlerOptions]
     ) -> Callable[[Handler], Handler]:
         """Decorator: handle records of ``topic`` with this policy and strategy.
 
         ``policy`` is a schedule (``"5s x3, 30s x2"``, ``"[10, 60]"``,
-        ``"exponential 1s x2 max 1m retries 8"``) or a :class:`redrive.policy.Policy`.
-        ``dead_letters`` is ``"service"`` (the retry service's store; the default with
-        strategy ``service``) or ``"topic"`` (``<topic>.dlq``; the default otherwise).
+        ``"exponential 1s x2 max 1m retries 8"``) or a :class:`redrive.policy.Policy`
+        (default ``"1s, 10s, 1m"``); ``strategy`` is ``blocking``, ``pause``, ``topics`` or
+        ``service`` (the default). ``dead_letters`` is ``"service"`` (the retry service's
+        store; the default with strategy ``service``) or ``"topic"`` (``<topic>.dlq``; the
+        default otherwise). See :class:`HandlerOptions` for the rest.
         """
 
         def register(fn: Handler) -> Handler:
-            self.add_handler(
-                topic,
-                fn,
-                policy=policy,
-                strategy=strategy,
-                retry_on=retry_on,
-                fatal_on=fatal_on,
-                retryable=retryable,
-                max_attempts=max_attempts,
-                max_duration=max_duration,
-                value_deserializer=value_deserializer,
-                dead_letters=dead_letters,
-                per_group_topic=per_group_topic,
-            )
+            self.add_handler(topic, fn, **options)
             return fn
 
         return register
 
     def add_handler(
-        self,
-        topic: str,
-        fn: Callable[[Message], Any],
-        *,
-        policy: Any = DEFAULT_POLICY,
-        strategy: Strategy = "service",
-        retry_on: type[BaseException] | Iterable[type[BaseException]] = (),
-        fatal_on: type[BaseException] | Iterable[type[BaseException]] = (),
-        retryable: Callable[[BaseException], bool | None] | None = None,
-        max_attempts: int | None = None,
-        max_duration: str | float | None = None,
-        value_deserializer: Callable[[bytes], Any] | None = None,
-        dead_letters: DeadLetterTarget | None = None,
-        per_group_topic: bool = False,
+        self, topic: str, fn: Callable[[Message], Any], **options: Unpack[HandlerOptions]
     ) -> None:
         """The same as :meth:`handler`, without the decorator."""
+        strategy = options.get("strategy", "service")
+        per_group_topic = options.get("per_group_topic", False)
         if topic in self._reads:
             raise ConfigError(f"handler for {topic!r}", "registered twice")
         from redrive.policy import PolicyError
 
         try:
             chosen = _policy(
-                policy,
-                retry_on=retry_on,
-                fatal_on=fatal_on,
-                retryable=retryable,
-                max_attempts=max_attempts,
-                max_duration=max_duration,
+                options.get("policy", DEFAULT_POLICY),
+                retry_on=options.get("retry_on", ()),
+                fatal_on=options.get("fatal_on", ()),
+                retryable=options.get("retryable"),
+                max_attempts=options.get("max_attempts"),
+                max_duration=options.get("max_duration"),
             )
         except PolicyError as exc:
             raise ConfigError(f"policy for {topic!r}", str(exc)) from None
@@ -215,9 +197,16 @@ class App:
                 f"per_group_topic for {topic!r}",
                 "only the service strategy delivers to a per-group topic",
             )
-        target = dead_letters or ("service" if strategy == "service" else "topic")
+        target = options.get("dead_letters") or ("service" if strategy == "service" else "topic")
         route = Route(
-            topic, fn, chosen, strategy, self.group, value_deserializer, target, per_group_topic
+            topic,
+            fn,
+            chosen,
+            strategy,
+            self.group,
+            options.get("value_deserializer"),
+            target,
+            per_group_topic,
         )
         for name, kind in route.topics().items():
             if name in self._reads:
