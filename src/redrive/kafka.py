@@ -27,17 +27,21 @@ def kafka_headers(headers: Sequence[Header]) -> KafkaHeaders:
     return cast(KafkaHeaders, list(headers))
 
 
-def consume_available(consumer: Consumer, max_messages: int, timeout_s: float) -> list[Message]:
+def consume_available(
+    consumer: Consumer, max_messages: int, timeout_s: float, linger_s: float = 0.0
+) -> list[Message]:
     """Up to `max_messages`, returning as soon as at least one is there.
 
     `Consumer.consume(n, timeout)` waits out the whole timeout unless n messages
     arrive, which adds that timeout to every message's latency at low load. Blocking
     in `poll` for the first message and then taking what is already fetched
     (`consume(..., timeout=0)`) keeps batching under load and latency low otherwise.
+    `linger_s` lets a batch fill for that long once its first message is there, for
+    callers whose cost is per batch (a database commit) rather than per message.
     """
     first = consumer.poll(timeout_s)
     if first is None:
         return []
     if max_messages <= 1:
         return [first]
-    return [first, *consumer.consume(max_messages - 1, timeout=0)]
+    return [first, *consumer.consume(max_messages - 1, timeout=linger_s)]

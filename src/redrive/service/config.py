@@ -63,6 +63,13 @@ class ServiceSettings(BaseSettings):
     group_id: str = "redrive-service"
     roles: list[Role] = Field(default_factory=lambda: list(ALL_ROLES))
     intake_batch_size: int = Field(500, ge=1, le=100_000)
+    intake_linger_ms: int = Field(
+        20,
+        ge=0,
+        le=1000,
+        description="How long a batch may fill once its first request "
+        "arrived: fewer, larger database commits under load.",
+    )
     scheduler_batch_size: int = Field(500, ge=1, le=100_000)
     lease_seconds: float = Field(
         30.0,

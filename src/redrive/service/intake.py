@@ -75,6 +75,7 @@ class Intake:
             else None
         )
         self.healthy = True
+        self._uncommitted: dict[tuple[str, int], int] = {}
 
     def run(self) -> None:
         """Consume until `stop` is set; then close the consumer (leaving the group)."""
@@ -82,10 +83,16 @@ class Intake:
         log.info("intake started", topic=self.settings.requests_topic, group=self.settings.group_id)
         try:
             while not self.stop.is_set():
-                messages = consume_available(self.consumer, self.settings.intake_batch_size, 0.2)
+                messages = consume_available(
+                    self.consumer,
+                    self.settings.intake_batch_size,
+                    0.2,
+                    linger_s=self.settings.intake_linger_ms / 1000,
+                )
                 if messages:
                     self._handle_batch(messages)
         finally:
+            self._commit_last()
             self.consumer.close()
             if self.mirror is not None:
                 self.mirror.flush(10)
@@ -200,11 +207,24 @@ class Intake:
             self.consumer.resume(self.consumer.assignment())
 
     def _commit(self, incoming: list[Incoming]) -> None:
+        """Commit past the batch, asynchronously: the batch is already durable, so a lost
+        commit only makes the requests be read again, and the idempotent insert ignores
+        them. (The last positions are committed synchronously when intake stops.)"""
         highest: dict[tuple[str, int], int] = {}
         for item in incoming:
             key = (item.topic, item.partition)
             highest[key] = max(highest.get(key, -1), item.offset)
         offsets = [TopicPartition(t, p, o + 1) for (t, p), o in highest.items()]
+        self._uncommitted.update({(tp.topic, tp.partition): tp.offset for tp in offsets})
+        try:
+            self.consumer.commit(offsets=offsets, asynchronous=True)
+        except KafkaException as exc:
+            log.warning("offset commit failed; requests will be read again", error=str(exc))
+
+    def _commit_last(self) -> None:
+        if not self._uncommitted:
+            return
+        offsets = [TopicPartition(t, p, o) for (t, p), o in self._uncommitted.items()]
         try:
             self.consumer.commit(offsets=offsets, asynchronous=False)
         except KafkaException as exc:
