@@ -60,7 +60,33 @@ def running_service(settings: ServiceSettings) -> Iterator[RetryService]:
         service.stop()
 
 
-class ServiceProcess:
+class ChildProcess:
+    """A process a test starts and may kill (SIGKILL) or stop (SIGTERM)."""
+
+    proc: subprocess.Popen[bytes] | None = None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def terminate(self, timeout_s: float = 60) -> int:
+        """SIGTERM, wait, SIGKILL if it will not go; its exit code."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return int(self.proc.returncode)
+
+
+class ServiceProcess(ChildProcess):
     """`redrive serve` in its own process, configured through the environment."""
 
     def __init__(self, settings: ServiceSettings, log_path: Path) -> None:
@@ -95,22 +121,6 @@ class ServiceProcess:
                 raise RuntimeError(f"serve exited: {self.log_path.read_text()[-2000:]}")
             time.sleep(0.1)
         raise RuntimeError("serve did not start in 60 s")
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(10)
-
-    def terminate(self) -> int:
-        assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        return self.proc.returncode
 
 
 def request_headers(

@@ -1,0 +1,95 @@
+"""A consumer app for the fault tests, run as its own process so that a test can SIGKILL it.
+
+    python tests/chaos/app_process.py --bootstrap HOST:PORT --topic T --strategy S
+        --group G --requests-topic R --out EVENTS.jsonl [--policy P]
+
+One handler on topic T with strategy S (blocking, pause, topics, service). A record's
+value ends in `:f<N>`: the handler fails its first N attempts (a retryable error),
+then succeeds. Each call appends one JSON line to the events file: `{"event": "fail"
+| "ok", "value", "attempt", "pid", "at_ms", "due_ms"}`, due_ms being the
+redelivery's `redrive-retry-at` (null on a first delivery and for in-place retries).
+A line is one `write` on a file opened for appending, so it is either wholly there
+or not at all, even after SIGKILL.
+
+SIGTERM stops the app cleanly (it commits what it dealt with and exits 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from redrive import App, Message
+from redrive.logs import configure
+
+
+class Flaky(Exception):
+    """The injected, retryable failure."""
+
+
+def failures_of(value: str) -> int:
+    head, sep, tail = value.rpartition(":f")
+    return int(tail) if sep and head and tail.isdigit() else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bootstrap", required=True)
+    parser.add_argument("--topic", required=True)
+    parser.add_argument("--strategy", required=True)
+    parser.add_argument("--group", required=True)
+    parser.add_argument("--requests-topic", default="redrive.requests")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--policy", default="200ms x8")
+    parser.add_argument(
+        "--session-timeout-ms",
+        default="6000",
+        help="consumer group session timeout: how long the group waits for a killed member",
+    )
+    args = parser.parse_args(argv)
+
+    configure("json")
+    fd = os.open(args.out, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    pid = os.getpid()
+
+    def record(event: str, message: Message, value: str) -> None:
+        line = json.dumps(
+            {
+                "event": event,
+                "value": value,
+                "attempt": message.attempt,
+                "pid": pid,
+                "at_ms": time.time_ns() // 1_000_000,
+                "due_ms": message.retry.retry_at if message.retry is not None else None,
+            }
+        )
+        os.write(fd, (line + "\n").encode())
+
+    def handle(message: Message) -> None:
+        value = (message.raw_value or b"").decode()
+        if message.attempt <= failures_of(value):
+            record("fail", message, value)
+            raise Flaky(f"injected failure {message.attempt} of {value}")
+        record("ok", message, value)
+
+    app = App(
+        args.bootstrap,
+        group=args.group,
+        requests_topic=args.requests_topic,
+        kafka={
+            "session.timeout.ms": args.session_timeout_ms,
+            "heartbeat.interval.ms": "1000",
+        },
+    )
+    app.add_handler(args.topic, handle, policy=args.policy, strategy=args.strategy)
+    print(f"app_process: pid {pid}, {args.strategy} on {args.topic}", flush=True)
+    app.run()
+    os.close(fd)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,425 @@
+"""Helpers for the fault tests: the mode (short or long), a steady load with a counter of
+every message the broker acknowledged, the retry service and consumer apps as real
+processes that can be SIGKILLed, and the report each test prints.
+
+`REDRIVE_CHAOS=long` selects the long mode (bigger load, more kills, longer outages);
+anything else the short one. `REDRIVE_CHAOS_SEED` overrides the seed of the injected
+randomness (when to kill, how long to stay down, which records fail); every test
+prints the seed it ran with, so a failing run can be repeated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import KafkaError, Message, Producer
+
+from redrive.service.config import ServiceSettings
+from tests.integration.service_harness import ChildProcess, ServiceProcess
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    # 1. the retry service SIGKILLed under load
+    service_kills: int
+    service_load_s: float
+    service_rate: int
+    # 2. the Kafka broker stopped and restarted
+    broker_outages: int
+    broker_outage_s: float
+    broker_load_s: float
+    # 3. PostgreSQL stopped and restarted
+    pg_outages: int
+    pg_outage_s: float
+    pg_load_s: float
+    # 4. a consumer app SIGKILLed in the middle of retries
+    app_kills: int
+    app_load_s: float
+    app_rate: int
+    # how long everything may take to arrive once the faults are over
+    settle_s: float
+    test_timeout_s: int
+
+
+SHORT = Mode(
+    name="short",
+    service_kills=3,
+    service_load_s=16,
+    service_rate=150,
+    broker_outages=1,
+    broker_outage_s=6,
+    broker_load_s=20,
+    pg_outages=1,
+    pg_outage_s=8,
+    pg_load_s=18,
+    app_kills=1,
+    app_load_s=10,
+    app_rate=20,
+    settle_s=150,
+    test_timeout_s=600,
+)
+LONG = Mode(
+    name="long",
+    service_kills=8,
+    service_load_s=120,
+    service_rate=300,
+    broker_outages=2,
+    broker_outage_s=25,
+    broker_load_s=150,
+    pg_outages=2,
+    pg_outage_s=30,
+    pg_load_s=150,
+    app_kills=4,
+    app_load_s=80,
+    app_rate=40,
+    settle_s=420,
+    test_timeout_s=1800,
+)
+MODE = LONG if os.environ.get("REDRIVE_CHAOS", "").strip().lower() == "long" else SHORT
+SEED = int(os.environ.get("REDRIVE_CHAOS_SEED", "20240917"))
+
+# librdkafka's default session timeout is 45 s: a SIGKILLed member blocks its group's
+# next rebalance that long. Every client here uses the broker's minimum so a restart
+# takes seconds; the outcome (nothing lost) does not depend on it, only the runtime.
+FAST_GROUP = {"session.timeout.ms": "6000", "heartbeat.interval.ms": "1000"}
+
+
+def rng_for(case: str) -> random.Random:
+    """The seeded randomness of one test case (independent of the order tests run in)."""
+    return random.Random(f"{SEED}/{case}")
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def failures_for(rng: random.Random) -> int:
+    """How many times a record fails before it succeeds: 0 (60%), 1 or 2 (20% each)."""
+    roll = rng.random()
+    return 0 if roll < 0.6 else 1 if roll < 0.8 else 2
+
+
+# ---------------------------------------------------------------------- load
+
+
+Record = dict[str, Any]
+
+
+class Load:
+    """Produces numbered records at a steady rate from a thread and counts, by value,
+    every record the broker acknowledged (`sent`). A record the broker refused is
+    produced again, so after `finish` every record made is in `sent`. Survives a broker
+    outage: records wait in the producer's queue until the broker is back."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        rate: int,
+        make: Callable[[int], Record],
+        *,
+        name: str = "load",
+    ) -> None:
+        self.topic = topic
+        self.rate = rate
+        self.make = make
+        self.name = name
+        self.producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "enable.idempotence": True,
+                "linger.ms": 5,
+                "message.timeout.ms": 900_000,
+                "log_level": 2,  # not every refused connection of an outage
+            }
+        )
+        self.made = 0
+        self.sent: set[bytes] = set()
+        self.refused = 0
+        self._retry: list[Record] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"chaos-{name}", daemon=True)
+
+    def start(self) -> Load:
+        self.started = time.monotonic()
+        self._thread.start()
+        return self
+
+    def _produce(self, record: Record) -> None:
+        def delivered(err: KafkaError | None, msg: Message) -> None:
+            if err is None:
+                self.sent.add(record["value"])
+            else:
+                self.refused += 1
+                self._retry.append(record)
+
+        while True:
+            try:
+                self.producer.produce(self.topic, on_delivery=delivered, **record)
+                return
+            except BufferError:
+                self.producer.poll(0.05)
+
+    def _again(self) -> None:
+        retry, self._retry = self._retry, []
+        for record in retry:
+            self._produce(record)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            due = int((time.monotonic() - self.started) * self.rate)
+            while self.made < due:
+                self._produce(self.make(self.made))
+                self.made += 1
+            self._again()
+            self.producer.poll(0.05)
+
+    def stop(self) -> None:
+        """Stop making records (idempotent; also what a failed test's clean-up calls)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(30)
+
+    def finish(self, timeout_s: float = 300) -> set[bytes]:
+        """Stop producing; return once every record made is acknowledged."""
+        self.stop()
+        deadline = time.monotonic() + timeout_s
+        while len(self.sent) < self.made and time.monotonic() < deadline:
+            self.producer.flush(1.0)
+            self._again()
+        assert len(self.sent) == self.made, (
+            f"{self.name}: {self.made - len(self.sent)} records never acknowledged"
+        )
+        self.producer.close()
+        return self.sent
+
+
+def app_records(prefix: str, rng: random.Random) -> Callable[[int], Record]:
+    """Records for a consumer app: value `<prefix>-<n>:f<failures>`."""
+
+    def make(i: int) -> Record:
+        return {
+            "key": f"k{i % 31}".encode(),
+            "value": f"{prefix}-{i:06d}:f{failures_for(rng)}".encode(),
+        }
+
+    return make
+
+
+# ---------------------------------------------------------------------- processes
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)
+    return predicate()
+
+
+def sleep_until(t0: float, at_s: float, pump: Callable[[], None] | None = None) -> None:
+    """Wait until `at_s` seconds after `t0`, calling `pump` (e.g. a collector) meanwhile."""
+    while (left := t0 + at_s - time.monotonic()) > 0:
+        if pump is None:
+            time.sleep(min(left, 0.2))
+        else:
+            pump()
+
+
+def readyz(port: int) -> int | None:
+    """The service's /readyz status code, or None if it did not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=10) as reply:
+            return int(reply.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+    except OSError:
+        return None
+
+
+_LISTENING = re.compile(r"redrive serve: listening on http://[^:]+:(\d+)")
+
+
+class Service:
+    """`redrive serve` as a real process, restarted as often as a test kills it.
+
+    Each instance writes its own log (serve-<n>.log), which `ServiceProcess.start`
+    needs: it waits for the listening line in the log."""
+
+    def __init__(self, settings: ServiceSettings, folder: Path) -> None:
+        self.settings = settings
+        self.folder = folder
+        self.instances = 0
+        self.process: ServiceProcess | None = None
+        self.port = 0
+
+    def start(self) -> None:
+        self.instances += 1
+        log = self.folder / f"serve-{self.instances}.log"
+        process = ServiceProcess(self.settings, log)
+        process.start()
+        self.process = process
+        match = _LISTENING.search(log.read_text(errors="replace"))
+        assert match, "the listening line names no port"
+        self.port = int(match.group(1))
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.kill()
+
+    def terminate(self) -> int:
+        assert self.process is not None
+        return self.process.terminate()
+
+    def alive(self) -> bool:
+        process = self.process
+        return process is not None and process.proc is not None and process.proc.poll() is None
+
+    def ready(self, timeout_s: float) -> bool:
+        """True once /readyz answers 200 (no manual step: the service recovers alone)."""
+        return wait_for(lambda: readyz(self.port) == 200, timeout_s, 0.5)
+
+    def logs(self) -> str:
+        return "\n".join(
+            (self.folder / f"serve-{i}.log").read_text(errors="replace")
+            for i in range(1, self.instances + 1)
+        )
+
+
+APP_SCRIPT = Path(__file__).with_name("app_process.py")
+
+
+@dataclass
+class AppProcess(ChildProcess):
+    """tests/chaos/app_process.py as a real process; every run appends to one events file."""
+
+    bootstrap: str
+    topic: str
+    strategy: str
+    group: str
+    requests_topic: str
+    folder: Path
+    policy: str = "200ms x8"
+    runs: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+    pids: list[int] = field(default_factory=list)
+
+    @property
+    def events_file(self) -> Path:
+        return self.folder / f"{self.strategy}-events.jsonl"
+
+    def start(self) -> None:
+        self.runs += 1
+        log = open(self.folder / f"app-{self.strategy}-{self.runs}.log", "ab")  # noqa: SIM115
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(APP_SCRIPT),
+                "--bootstrap",
+                self.bootstrap,
+                "--topic",
+                self.topic,
+                "--strategy",
+                self.strategy,
+                "--group",
+                self.group,
+                "--requests-topic",
+                self.requests_topic,
+                "--out",
+                str(self.events_file),
+                "--policy",
+                self.policy,
+                "--session-timeout-ms",
+                FAST_GROUP["session.timeout.ms"],
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+        self.pids.append(self.proc.pid)
+
+    def events(self) -> list[dict[str, Any]]:
+        try:
+            text = self.events_file.read_text()
+        except FileNotFoundError:
+            return []
+        events = []
+        for line in text.splitlines():
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                continue  # cannot happen with single appends, but never trip on it
+        return events
+
+    def handled(self) -> Counter[bytes]:
+        """How many times each value was handled successfully."""
+        return Counter(e["value"].encode() for e in self.events() if e["event"] == "ok")
+
+    def early(self) -> int:
+        """Redeliveries handled before their redrive-retry-at (never allowed)."""
+        return sum(1 for e in self.events() if e["due_ms"] and e["at_ms"] < e["due_ms"])
+
+    def in_retry(self) -> set[str]:
+        """Values that failed and have not succeeded yet: retries in flight right now."""
+        failed: set[str] = set()
+        done: set[str] = set()
+        for event in self.events():
+            (done if event["event"] == "ok" else failed).add(event["value"])
+        return failed - done
+
+    def log_tail(self, lines: int = 40) -> str:
+        path = self.folder / f"app-{self.strategy}-{self.runs}.log"
+        try:
+            return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+# ---------------------------------------------------------------------- report
+
+
+@dataclass
+class Tally:
+    sent: int
+    received: int
+    lost: int
+    duplicates: int
+    missing: list[bytes]
+
+
+def tally(sent: Iterable[bytes], received: Counter[bytes]) -> Tally:
+    sent_set = set(sent)
+    missing = sorted(sent_set - received.keys())
+    duplicates = sum(count - 1 for value, count in received.items() if value in sent_set)
+    total = sum(count for value, count in received.items() if value in sent_set)
+    return Tally(len(sent_set), total, len(missing), duplicates, missing)
+
+
+def report(case: str, result: Tally, faults: str, elapsed_s: float) -> None:
+    print(
+        f"\n[chaos {case}] mode={MODE.name} seed={SEED}: sent {result.sent}, "
+        f"received {result.received}, lost {result.lost}, duplicates {result.duplicates}; "
+        f"{faults}; {elapsed_s:.0f}s",
+        flush=True,
+    )
+    if result.missing:
+        print(f"[chaos {case}] first missing: {result.missing[:10]}", flush=True)
