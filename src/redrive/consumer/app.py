@@ -231,11 +231,18 @@ class App:
         create_derived_topics(AdminClient(config), list(self.routes.values()))
         consumer = Consumer(
             {
+                # Defaults the user's `kafka` settings may override...
+                "auto.offset.reset": "earliest",
+                # A resumed partition joins the next fetch request only when the one in
+                # flight returns; librdkafka's default long poll (500 ms) would make an
+                # in-place retry up to that late (measured: 200 ms retries came after a
+                # median of 307 ms, max 506; with 50 ms: 214 and 296).
+                "fetch.wait.max.ms": 50,
                 **config,
+                # ...and what redrive's guarantees rest on, which they may not.
                 "group.id": self.group,
                 "enable.auto.commit": False,
                 "enable.auto.offset.store": False,
-                "auto.offset.reset": "earliest",
                 "on_commit": self._on_commit,
             }
         )
