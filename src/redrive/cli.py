@@ -159,6 +159,53 @@ ConfigOption = Annotated[
 ]
 
 
+@app.command("spark-scheduler")
+def spark_scheduler(
+    checkpoint: Annotated[
+        Path, typer.Option(help="Checkpoint folder: pending retries survive restarts there.")
+    ],
+    config: ConfigOption = None,
+    bootstrap: Annotated[
+        str | None, typer.Option(help="Kafka bootstrap servers; unset: the local stack.")
+    ] = None,
+    trigger: Annotated[
+        str, typer.Option(help="Micro-batch trigger; timers fire at most this late.")
+    ] = "500 milliseconds",
+    master: Annotated[str, typer.Option(help="Spark master URL.")] = "local[2]",
+) -> None:
+    """Run the retry scheduling as a Spark Structured Streaming query.
+
+    Same contract, allowlist and settings as `redrive serve` (requests topic, DLQ topic,
+    allowed destinations, max delay); pending retries are kept in RocksDB state with
+    processing-time timers. See docs/spark.md.
+    """
+    from redrive.service.config import load_settings
+    from redrive.spark.scheduler import run_scheduler
+
+    settings = load_settings(config, bootstrap=bootstrap)
+    resolved = settings.bootstrap
+    if resolved is None:
+        from redrive.local import LocalStack
+
+        resolved = LocalStack().up(postgres=False).bootstrap
+    typer.echo(
+        f"redrive spark-scheduler: kafka {resolved}, requests topic "
+        f"{settings.requests_topic}, checkpoint {checkpoint}"
+    )
+    run_scheduler(
+        bootstrap=resolved,
+        checkpoint=str(checkpoint.resolve()),
+        requests_topic=settings.requests_topic,
+        dlq_topic=settings.dlq_topic,
+        allowed_destinations=settings.allowed_destinations,
+        trigger_interval=trigger,
+        max_delay_days=settings.max_delay_days,
+        kafka_options={f"kafka.{k}": v for k, v in settings.kafka.items()},
+        admin_config=settings.kafka,
+        master=master,
+    )
+
+
 @token_app.command("create")
 def token_create(
     name: Annotated[str, typer.Argument(help="Who or what holds the token (unique).")],

@@ -1,0 +1,500 @@
+"""The pipeline building block: a per-record handler on Spark, with retries and dead letters.
+
+A Spark Structured Streaming job reads its source topics with the Kafka connector
+(``includeHeaders=true``) and calls :func:`with_retries` on that DataFrame. Each
+record goes through the user's handler on the executors, in an Arrow ``mapInArrow``
+stage (batches of records, no row-at-a-time UDF). Every failure is caught for that
+record alone and routed, so that the result is ONE DataFrame for ONE Kafka write,
+with a ``topic`` column per row:
+
+====================  ===================  ============================================
+outcome               ``topic``            what is written
+====================  ===================  ============================================
+handler returned      the output topic     key, the returned value, the user's headers
+bytes
+retryable failure     the requests topic   key, value and user's headers untouched,
+                                           plus the contract headers of the retry
+                                           (attempt, retry-at, deadline, original-*,
+                                           group, error-*), byte-identical to what the
+                                           Python consumer writes
+fatal, or policy      the requests topic   the same, with ``redrive-send-to: dlq`` and
+spent                 (``send_to="dlq"``   ``redrive-reason``: the retry service stores
+                      for the service's    it as a dead letter. With
+                      dead-letter store)   ``dead_letters="topic"``: a DLQ topic instead
+====================  ===================  ============================================
+
+A retry's destination is the record's original topic, or with
+``per_group_retry_topic=True`` the per-group topic ``<group>.<topic>.retry`` (which
+:func:`start_pipeline` then reads too), so other consumer groups of ``<topic>`` do not
+see this pipeline's retries. The retry service (``redrive serve``) or the Spark
+scheduler (:mod:`redrive.spark.scheduler`) delivers it there when due; the pipeline
+reads it again, learns its attempt count from its headers
+(:func:`redrive.headers.read_delivery_headers`) and calls the handler once more.
+
+The query never fails because of a record: a handler raising anything (any
+``BaseException`` but ``KeyboardInterrupt`` and ``SystemExit``), returning a wrong
+type, or a policy whose predicate raises, all end as a retry or a dead letter.
+Delivery is at-least-once: after a crash Spark runs the last micro-batch again, so
+the handler may see a record twice and a result may be written twice.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
+
+from redrive.headers import (
+    Header,
+    HeaderError,
+    RetryHeaders,
+    describe_error,
+    encode,
+    is_redrive_header,
+    next_request,
+    read_delivery_headers,
+)
+from redrive.policy import DeadLetter, DeadLetterReason, Policy
+from redrive.policy import policy as make_policy
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+Handler: TypeAlias = Callable[[bytes | None, bytes | None, list[Header], int], bytes | None]
+"""``handler(key, value, headers, attempt) -> output value``.
+
+``headers`` are the record's own headers (the ``redrive-*`` ones removed), in order;
+``attempt`` counts handler runs for this record: 1 on its first delivery, n + 1 after n
+failures. Return the value to write to the output topic, or None to write nothing.
+Raise to fail: the policy decides between a retry and a dead letter.
+"""
+
+DeadLetterTarget: TypeAlias = Literal["service", "topic"]
+
+OUTPUT_SCHEMA: Final = (
+    "topic STRING, key BINARY, value BINARY, "
+    "headers ARRAY<STRUCT<key: STRING, value: BINARY>>, partition INT"
+)
+"""The columns of the DataFrame :func:`with_retries` returns: what the Kafka sink takes.
+``partition`` is null unless a retry goes back to the partition it came from."""
+
+REQUIRED_COLUMNS: Final = ("key", "value", "topic", "partition", "offset", "timestamp", "headers")
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def retry_topic(group: str, topic: str) -> str:
+    """The per-group retry topic of ``topic`` (DESIGN section 2): ``<group>.<topic>.retry``."""
+    return f"{group}.{topic}.retry"
+
+
+@dataclass(frozen=True, slots=True)
+class SourceRecord:
+    """One record of the source stream, as the handler stage sees it."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp_ms: int | None
+    key: bytes | None
+    value: bytes | None
+    headers: list[Header]
+
+
+@dataclass(frozen=True, slots=True)
+class OutputRecord:
+    """One row of the output DataFrame: a message for the Kafka sink."""
+
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: list[Header]
+    partition: int | None = None
+
+
+@dataclass(frozen=True)
+class Routing:
+    """Where the outcomes of the handler go. Validated when built.
+
+    ``dead_letters="service"`` sends dead letters to ``requests_topic`` with
+    ``redrive-send-to: dlq`` so that they land in the retry service's dead-letter
+    store; ``"topic"`` sends them to ``dlq_topic`` (default: ``<original topic>.dlq``)
+    with the same headers.
+    """
+
+    output_topic: str
+    group: str
+    requests_topic: str = "redrive.requests"
+    per_group_retry_topic: bool = False
+    dead_letters: DeadLetterTarget = "service"
+    dlq_topic: str | None = None
+
+    def __post_init__(self) -> None:
+        # RetryHeaders checks topic names and the group the way the contract does.
+        for name in (self.output_topic, self.requests_topic, self.dlq_topic):
+            if name is not None:
+                _valid_headers(name, group=self.group)
+        if self.per_group_retry_topic:  # the group becomes part of a topic name
+            _valid_headers(retry_topic(self.group, "t"), group=self.group)
+        if self.dead_letters not in ("service", "topic"):
+            raise ValueError(
+                f"dead_letters must be 'service' or 'topic', got {self.dead_letters!r}"
+            )
+
+    def retry_destination(self, original_topic: str) -> str:
+        """Where a retry of a record first read from ``original_topic`` is delivered."""
+        if self.per_group_retry_topic:
+            return retry_topic(self.group, original_topic)
+        return original_topic
+
+    def dead_letter_topic(self, original_topic: str) -> str:
+        if self.dead_letters == "service":
+            return self.requests_topic
+        return self.dlq_topic or f"{original_topic}.dlq"
+
+
+def _valid_headers(topic: str, *, group: str) -> None:
+    try:
+        RetryHeaders(destination=topic, retry_at=0, group=group)
+    except HeaderError as exc:
+        raise ValueError(f"invalid pipeline setting: {exc}") from None
+
+
+@dataclass(frozen=True)
+class RecordHandler:
+    """Runs the handler on one record and routes the outcome (pure Python, no Spark).
+
+    This is what the executors run for each record; it is separate from Spark so that
+    its routing can be read and tested on its own. ``clock`` returns epoch ms.
+    """
+
+    handler: Handler
+    policy: Policy
+    routing: Routing
+    clock: Callable[[], int] = field(default=now_ms, compare=False)
+
+    def __call__(self, record: SourceRecord) -> OutputRecord | None:
+        delivery = read_delivery_headers(record.headers) if record.headers else None
+        if delivery is not None and delivery.group not in (None, self.routing.group):
+            delivery = None  # another group's retry of a shared topic: new to this group
+        user_headers = [(n, v) for n, v in record.headers if not is_redrive_header(n)]
+        attempt = delivery.attempt + 1 if delivery is not None else 1
+        try:
+            result = _as_output_value(self.handler(record.key, record.value, user_headers, attempt))
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as error:  # noqa: BLE001 - every failure of one record is routed
+            return self._failed(record, delivery, user_headers, attempt, error)
+        if result is None:
+            return None
+        return OutputRecord(self.routing.output_topic, record.key, result, user_headers)
+
+    def _failed(
+        self,
+        record: SourceRecord,
+        delivery: RetryHeaders | None,
+        user_headers: list[Header],
+        attempt: int,
+        error: BaseException,
+    ) -> OutputRecord:
+        now = self.clock()
+        original_ts = delivery.original_timestamp if delivery is not None else None
+        try:
+            decision = self.policy.decide(
+                attempt,
+                error,
+                now_ms=now,
+                record_timestamp_ms=original_ts
+                if original_ts is not None
+                else _timestamp(record.timestamp_ms),
+                deadline_ms=delivery.deadline if delivery is not None else None,
+            )
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as policy_error:  # noqa: BLE001 - a broken predicate, say
+            info = describe_error(policy_error)
+            text = (
+                f"policy error: deciding on {describe_error(error).type} raised "
+                f"{info.type}: {info.message}"
+            )
+            decision = DeadLetter(DeadLetterReason.FATAL_ERROR, text, attempt)
+        original_topic = record.topic
+        if delivery is not None and delivery.original_topic:
+            original_topic = delivery.original_topic
+        if isinstance(decision, DeadLetter):
+            return self._dead_letter(
+                record, delivery, user_headers, original_topic, error, decision
+            )
+        destination = self.routing.retry_destination(original_topic)
+        try:
+            request = next_request(
+                delivery,
+                destination=destination,
+                retry_at=decision.at_ms,
+                error=error,
+                record_topic=record.topic,
+                record_partition=record.partition,
+                record_offset=record.offset,
+                record_timestamp=_timestamp(record.timestamp_ms),
+                deadline=decision.deadline_ms,
+                group=self.routing.group,
+                # Back to the partition it came from, so a key's records stay together.
+                partition=record.partition if destination == record.topic else None,
+            )
+        except HeaderError as header_error:
+            text = f"cannot write the retry request: {header_error}"
+            dead = DeadLetter(DeadLetterReason.INVALID_REQUEST, text, attempt)
+            return self._dead_letter(record, delivery, user_headers, original_topic, error, dead)
+        return OutputRecord(
+            self.routing.requests_topic, record.key, record.value, encode(request, user_headers)
+        )
+
+    def _dead_letter(
+        self,
+        record: SourceRecord,
+        delivery: RetryHeaders | None,
+        user_headers: list[Header],
+        original_topic: str,
+        error: BaseException,
+        dead: DeadLetter,
+    ) -> OutputRecord:
+        target = self.routing.dead_letter_topic(original_topic)
+        now = self.clock()
+        try:
+            headers = next_request(
+                delivery,
+                destination=original_topic,
+                retry_at=now,
+                error=describe_error(error),
+                record_topic=record.topic,
+                record_partition=record.partition,
+                record_offset=record.offset,
+                record_timestamp=_timestamp(record.timestamp_ms),
+                group=self.routing.group,
+                send_to="dlq",
+                deadline=delivery.deadline if delivery is not None else None,
+                reason=dead.text,
+                attempt=dead.attempt,
+            )
+        except HeaderError as header_error:  # not expected: keep the letter, say why
+            headers = RetryHeaders(
+                destination=record.topic,
+                retry_at=now,
+                attempt=dead.attempt,
+                send_to="dlq",
+                group=self.routing.group,
+                reason=f"{dead.text} (headers incomplete: {header_error})",
+            )
+        return OutputRecord(target, record.key, record.value, encode(headers, user_headers))
+
+
+def _as_output_value(result: object) -> bytes | None:
+    if result is None or isinstance(result, bytes):
+        return result
+    if isinstance(result, bytearray | memoryview):
+        return bytes(result)
+    raise TypeError(f"the handler must return bytes or None, got {type(result).__name__}")
+
+
+# ------------------------------------------------------------------------ on Spark
+
+
+def _arrow_schema() -> pa.Schema:
+    import pyarrow as pa
+
+    header = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
+    return pa.schema(
+        [
+            pa.field("topic", pa.string()),
+            pa.field("key", pa.binary()),
+            pa.field("value", pa.binary()),
+            pa.field("headers", pa.list_(header)),
+            pa.field("partition", pa.int32()),
+        ]
+    )
+
+
+def _timestamp(value: int | None) -> int | None:
+    """A record timestamp usable in the contract (Kafka uses -1 for 'none')."""
+    return value if value is not None and value >= 0 else None
+
+
+def _records(batch: pa.RecordBatch) -> Iterator[SourceRecord]:
+    columns = batch.to_pydict()
+    for topic, partition, offset, timestamp, key, value, headers in zip(
+        columns["topic"],
+        columns["partition"],
+        columns["offset"],
+        columns["timestamp_ms"],
+        columns["key"],
+        columns["value"],
+        columns["headers"],
+        strict=True,
+    ):
+        pairs = [(h["key"], h["value"]) for h in headers] if headers else []
+        yield SourceRecord(topic, partition, offset, _timestamp(timestamp), key, value, pairs)
+
+
+def to_arrow(rows: Sequence[OutputRecord]) -> pa.RecordBatch:
+    """Output rows as one Arrow batch in :data:`OUTPUT_SCHEMA`."""
+    import pyarrow as pa
+
+    return pa.RecordBatch.from_pydict(
+        {
+            "topic": [r.topic for r in rows],
+            "key": [r.key for r in rows],
+            "value": [r.value for r in rows],
+            "headers": [[{"key": k, "value": v} for k, v in r.headers] for r in rows],
+            "partition": [r.partition for r in rows],
+        },
+        schema=_arrow_schema(),
+    )
+
+
+def handle_batches(
+    record_handler: RecordHandler,
+) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function: handle each record of each Arrow batch."""
+
+    def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            out = [row for row in map(record_handler, _records(batch)) if row is not None]
+            yield to_arrow(out)
+
+    return run
+
+
+def with_retries(
+    df: Any,
+    handler: Handler,
+    *,
+    policy: Any,
+    output_topic: str,
+    group: str,
+    requests_topic: str = "redrive.requests",
+    retry_on: Any = None,
+    fatal_on: Any = None,
+    per_group_retry_topic: bool = False,
+    dead_letters: DeadLetterTarget = "service",
+    dlq_topic: str | None = None,
+) -> Any:
+    """Run ``handler`` on each record of a Kafka source DataFrame, with retries.
+
+    ``df`` is a streaming (or batch) DataFrame read with the Kafka connector and
+    ``includeHeaders=true``. ``policy`` is anything :func:`redrive.policy.policy`
+    accepts (``"1s x3"``, a list of seconds, a :class:`Policy`); ``retry_on`` and
+    ``fatal_on`` are exception classes, passed to it. Returns a DataFrame in
+    :data:`OUTPUT_SCHEMA`, ready for ``writeStream.format("kafka")`` without a
+    ``topic`` option (each row names its topic). Raises ``ValueError`` (or
+    :class:`redrive.policy.PolicyError`) for a bad setting, before anything runs.
+    """
+    missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
+    if missing:
+        hint = ""
+        if "headers" in missing:
+            hint = " (read the source with .option('includeHeaders', 'true'))"
+        raise ValueError(f"not a Kafka source DataFrame: no column {', '.join(missing)}{hint}")
+    options: dict[str, Any] = {}
+    if retry_on is not None:
+        options["retry_on"] = retry_on
+    if fatal_on is not None:
+        options["fatal_on"] = fatal_on
+    record_handler = RecordHandler(
+        handler,
+        make_policy(policy, **options),
+        Routing(
+            output_topic=output_topic,
+            group=group,
+            requests_topic=requests_topic,
+            per_group_retry_topic=per_group_retry_topic,
+            dead_letters=dead_letters,
+            dlq_topic=dlq_topic,
+        ),
+    )
+    from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
+
+    source = df.select(
+        "topic",
+        "partition",
+        "offset",
+        F.unix_millis(F.col("timestamp")).alias("timestamp_ms"),
+        "key",
+        "value",
+        "headers",
+    )
+    return source.mapInArrow(handle_batches(record_handler), OUTPUT_SCHEMA)
+
+
+def start_pipeline(
+    spark: Any,
+    bootstrap: str,
+    source_topics: str | Sequence[str],
+    handler: Handler,
+    *,
+    policy: Any,
+    output_topic: str,
+    group: str,
+    checkpoint: str,
+    requests_topic: str = "redrive.requests",
+    retry_on: Any = None,
+    fatal_on: Any = None,
+    per_group_retry_topic: bool = False,
+    dead_letters: DeadLetterTarget = "service",
+    dlq_topic: str | None = None,
+    trigger_interval: str = "1 second",
+    starting_offsets: str = "earliest",
+    max_offsets_per_trigger: int | None = None,
+    kafka_options: Mapping[str, str] | None = None,
+    query_name: str | None = None,
+) -> Any:
+    """Read ``source_topics``, run :func:`with_retries`, write to Kafka; returns the query.
+
+    With ``per_group_retry_topic`` the query also reads each ``<group>.<topic>.retry``.
+    Topics it writes to must exist (the output topic, the requests topic, retry and DLQ
+    topics): create them beforehand, as for any Kafka producer with topic creation
+    off. ``kafka_options`` are Spark Kafka options (``kafka.security.protocol``...)
+    given to both the source and the sink. ``checkpoint`` is the query's checkpoint
+    folder: the read offsets live there, so a restart resumes where it stopped.
+    """
+    topics = [source_topics] if isinstance(source_topics, str) else list(source_topics)
+    if not topics:
+        raise ValueError("source_topics is empty")
+    if per_group_retry_topic:
+        topics += [retry_topic(group, t) for t in topics]
+    extra = dict(kafka_options or {})
+    reader = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", ",".join(topics))
+        .option("startingOffsets", starting_offsets)
+        .option("includeHeaders", "true")
+        .options(**extra)
+    )
+    if max_offsets_per_trigger is not None:
+        reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
+    routed = with_retries(
+        reader.load(),
+        handler,
+        policy=policy,
+        output_topic=output_topic,
+        group=group,
+        requests_topic=requests_topic,
+        retry_on=retry_on,
+        fatal_on=fatal_on,
+        per_group_retry_topic=per_group_retry_topic,
+        dead_letters=dead_letters,
+        dlq_topic=dlq_topic,
+    )
+    writer = (
+        routed.writeStream.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .options(**extra)
+        .option("checkpointLocation", checkpoint)
+        .trigger(processingTime=trigger_interval)
+    )
+    if query_name:
+        writer = writer.queryName(query_name)
+    return writer.start()

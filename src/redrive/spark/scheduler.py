@@ -1,0 +1,582 @@
+"""The Spark scheduler: the retry service's scheduling as a streaming query.
+
+For users who outgrow one machine, this query does what ``redrive serve``'s intake and
+scheduler do, with Spark state instead of PostgreSQL:
+
+1. Read the requests topic (``includeHeaders``), and group the requests by
+   destination and message key (a request without a key is a group of its own), so
+   that a key's retries stay in one place and the work spreads over partitions.
+2. In ``transformWithStateInPandas`` (:class:`RetryScheduler`), check each request
+   with the retry service's own :func:`redrive.service.requests.classify`: the same
+   header contract, destination allowlist, deadline and topic checks. An invalid
+   request becomes a dead letter on the DLQ topic, with the request's headers and
+   ``redrive-dead-letter-reason`` carrying the same reason text the service gives.
+3. Keep each valid request in the group's ``ListState`` (RocksDB state store) and
+   register a processing-time timer at its ``redrive-retry-at``. A request already
+   due is delivered at once.
+4. When a timer fires (``handleExpiredTimer``), deliver every message of the group
+   that is due: to its destination, with its original key, its ``redrive-partition``
+   when set, and its headers unchanged. One whose deadline passed while it waited,
+   or whose topic disappeared, is a dead letter instead.
+5. Deliveries and dead letters leave through ONE Kafka sink, each row naming its
+   ``topic``. The query is checkpointed: Kafka offsets, state and timers survive a
+   restart, and timers that came due while it was stopped fire on its first batch.
+
+Precision: Spark fires processing-time timers only when a micro-batch runs, and
+compares them with the batch's start time. A message is therefore never delivered
+before it is due, but up to one trigger interval plus one batch duration late
+(about 0.5-5 s with the default 500 ms trigger on a small, busy machine), not
+within milliseconds as the service's scheduler. Timers must fire without traffic,
+so every trigger must run a batch: Spark runs one without new input only when the
+previous batch of the same run asked for it, which after a restart there is none
+of. The query therefore also reads one tick row per batch (``rate-micro-batch``);
+without it, timers restored from the checkpoint would wait for the next request.
+
+Delivery is at-least-once, as everywhere in redrive: a batch that fails half-way is
+run again after a restart, which may deliver some messages twice, never zero times.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+from redrive.errors import ConfigError
+from redrive.headers import Header
+from redrive.service.config import ServiceSettings
+from redrive.service.intake import DEAD_LETTER_REASON_HEADER
+from redrive.service.requests import Incoming, IntakeRules, Reason, classify
+from redrive.service.store import (
+    DeadLetter,
+    PendingRetry,
+    RequestCoordinates,
+    headers_from_json,
+    headers_to_json,
+)
+from redrive.spark.pipeline import OUTPUT_SCHEMA, OutputRecord
+from redrive.spark.session import ROCKSDB_PROVIDER
+
+try:  # PySpark is an optional dependency (the `spark` extra)
+    from pyspark.sql.streaming.stateful_processor import StatefulProcessor
+except ImportError:  # pragma: no cover - only without the extra
+
+    class StatefulProcessor:  # type: ignore[no-redef]
+        """Stand-in so that this module imports without PySpark."""
+
+
+PENDING_STATE: Final = "pending"
+PENDING_SCHEMA: Final = "due_ms LONG, message BINARY"
+"""One pending message in the ListState: its due time, and the message as JSON."""
+
+TICK: Final = "redrive-tick"
+"""The grouping key of the one tick row per micro-batch (see scheduler_dataframe)."""
+
+METADATA_WAIT_S: Final = 120.0
+"""How long a batch waits for the broker to answer topic metadata before failing."""
+
+
+@dataclass(frozen=True, slots=True)
+class PendingMessage:
+    """A valid retry request waiting in state: what to deliver, where and when."""
+
+    due_ms: int
+    destination: str
+    partition: int | None
+    key: bytes | None
+    value: bytes | None
+    headers: list[Header]
+    deadline_ms: int | None
+    request: tuple[str, int, int]
+    """Where the request was read from (topic, partition, offset)."""
+
+    @classmethod
+    def of(cls, retry: PendingRetry) -> PendingMessage:
+        r = retry.request
+        return cls(
+            retry.due_ms,
+            retry.destination,
+            retry.partition,
+            retry.key,
+            retry.value,
+            retry.headers,
+            retry.deadline_ms,
+            (r.topic, r.partition, r.offset),
+        )
+
+    def to_bytes(self) -> bytes:
+        """JSON, binary parts in base64; headers as the service stores them."""
+
+        def b64(data: bytes | None) -> str | None:
+            return None if data is None else base64.b64encode(data).decode()
+
+        return json.dumps(
+            {
+                "due": self.due_ms,
+                "destination": self.destination,
+                "partition": self.partition,
+                "key": b64(self.key),
+                "value": b64(self.value),
+                "headers": json.loads(headers_to_json(self.headers)),
+                "deadline": self.deadline_ms,
+                "request": list(self.request),
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> PendingMessage:
+        item = json.loads(data)
+
+        def unb64(text: str | None) -> bytes | None:
+            return None if text is None else base64.b64decode(text)
+
+        topic, partition, offset = item["request"]
+        return cls(
+            int(item["due"]),
+            item["destination"],
+            item["partition"],
+            unb64(item["key"]),
+            unb64(item["value"]),
+            headers_from_json(item["headers"]),
+            item["deadline"],
+            (topic, int(partition), int(offset)),
+        )
+
+    def delivery(self) -> OutputRecord:
+        """The message as it goes to its destination: key, partition, headers unchanged."""
+        return OutputRecord(self.destination, self.key, self.value, self.headers, self.partition)
+
+
+@dataclass(frozen=True)
+class SchedulerRules:
+    """What the scheduler checks requests against; shipped to the executors.
+
+    Built from validated :class:`ServiceSettings` values (:meth:`from_settings`), so
+    that the allowlist means exactly what it means to ``redrive serve``.
+    """
+
+    requests_topic: str
+    dlq_topic: str
+    allowed_destinations: tuple[str, ...]
+    max_delay_ms: int
+    admin_config: tuple[tuple[str, str], ...]
+    """librdkafka settings of the client that looks up topic metadata."""
+
+    @classmethod
+    def from_settings(
+        cls, settings: ServiceSettings, admin_config: Mapping[str, str]
+    ) -> SchedulerRules:
+        return cls(
+            requests_topic=settings.requests_topic,
+            dlq_topic=settings.dlq_topic,
+            allowed_destinations=tuple(settings.allowed_destinations),
+            max_delay_ms=int(settings.max_delay_days * 86_400_000),
+            admin_config=tuple(sorted(admin_config.items())),
+        )
+
+    def intake_rules(self) -> IntakeRules:
+        """The rules for :func:`classify`: the service's allowlist check
+        (ServiceSettings.destination_allowed) and topic metadata from this worker's cache."""
+        settings = ServiceSettings.model_construct(  # validated on the driver already
+            requests_topic=self.requests_topic,
+            dlq_topic=self.dlq_topic,
+            allowed_destinations=list(self.allowed_destinations),
+        )
+        return IntakeRules(
+            destination_allowed=settings.destination_allowed,
+            partitions_of=_partitions_lookup(self.admin_config),
+            max_delay_ms=self.max_delay_ms,
+        )
+
+
+_lookups: dict[tuple[tuple[str, str], ...], Callable[[str], int | None]] = {}
+_lookups_lock = threading.Lock()
+
+
+def _partitions_lookup(config: tuple[tuple[str, str], ...]) -> Callable[[str], int | None]:
+    """Partition counts of topics, cached per Python worker (one admin client each).
+
+    While the broker cannot answer, waits up to :data:`METADATA_WAIT_S`, then raises
+    MetadataUnavailable, which fails the batch: the query stops, and a restart reads
+    the same requests again. Nothing is dead-lettered for a broker outage.
+    """
+    with _lookups_lock:
+        lookup = _lookups.get(config)
+        if lookup is None:
+            from confluent_kafka.admin import AdminClient
+
+            from redrive.service.topics import MetadataUnavailable, TopicMetadata
+
+            metadata = TopicMetadata(AdminClient(dict(config)))
+
+            def partitions_of(topic: str) -> int | None:
+                deadline = time.monotonic() + METADATA_WAIT_S
+                delay = 0.2
+                while True:
+                    try:
+                        return metadata.partitions_of(topic)
+                    except MetadataUnavailable:
+                        if time.monotonic() + delay > deadline:
+                            raise
+                        time.sleep(delay)
+                        delay = min(delay * 2, 5.0)
+
+            lookup = _lookups[config] = partitions_of
+        return lookup
+
+
+def dead_letter_record(letter: DeadLetter, dlq_topic: str) -> OutputRecord:
+    """A refused request on the DLQ topic, as ``redrive serve`` mirrors it: the request's
+    key, value and headers, plus ``redrive-dead-letter-reason``."""
+    headers = [*letter.headers, (DEAD_LETTER_REASON_HEADER, letter.reason.encode())]
+    return OutputRecord(dlq_topic, letter.key, letter.value, headers)
+
+
+def _expired(message: PendingMessage) -> DeadLetter:
+    """A message whose deadline passed while it waited (the service's wording)."""
+    topic, partition, offset = message.request
+    return DeadLetter(
+        topic=message.destination,
+        key=message.key,
+        value=message.value,
+        headers=message.headers,
+        reason_code=Reason.DEADLINE_PASSED,
+        reason=(
+            f"deadline passed while pending: redrive-deadline {message.deadline_ms}, "
+            f"due {message.due_ms}"
+        ),
+        source="scheduler",
+        request=RequestCoordinates(topic, partition, offset),
+    )
+
+
+def _gone(message: PendingMessage) -> DeadLetter:
+    topic, partition, offset = message.request
+    return DeadLetter(
+        topic=message.destination,
+        key=message.key,
+        value=message.value,
+        headers=message.headers,
+        reason_code=Reason.UNKNOWN_DESTINATION,
+        reason=f"destination topic {message.destination!r} does not exist",
+        source="scheduler",
+        request=RequestCoordinates(topic, partition, offset),
+    )
+
+
+def _frame(rows: Sequence[OutputRecord]) -> Any:
+    """Output rows as a pandas DataFrame in OUTPUT_SCHEMA (object columns, so that
+    PySpark's Arrow conversion behaves the same with pandas 2 and 3)."""
+    import pandas as pd
+
+    def column(values: list[Any]) -> Any:
+        return pd.Series(values, dtype=object)
+
+    return pd.DataFrame(
+        {
+            "topic": column([r.topic for r in rows]),
+            "key": column([r.key for r in rows]),
+            "value": column([r.value for r in rows]),
+            "headers": column([[{"key": k, "value": v} for k, v in r.headers] for r in rows]),
+            "partition": column([r.partition for r in rows]),
+        }
+    )
+
+
+def _headers(value: Any) -> list[Header]:
+    """Kafka source headers as pandas hands them over (an array of dicts, or None)."""
+    if value is None:
+        return []
+    return [(h["key"], None if h["value"] is None else bytes(h["value"])) for h in value]
+
+
+def _optional_bytes(value: Any) -> bytes | None:
+    return None if value is None else bytes(value)
+
+
+class RetryScheduler(StatefulProcessor):
+    """Per group of requests: check, keep until due, deliver (see the module docstring).
+
+    State: ``pending``, a ListState of (due_ms, message) rows; timers: one per
+    distinct due time. Both live in the RocksDB state store and its checkpoint.
+    """
+
+    def __init__(self, rules: SchedulerRules) -> None:
+        self.rules = rules
+        self._intake: IntakeRules | None = None
+
+    def init(self, handle: Any) -> None:
+        # Also called on the driver, only to learn the state schema: no clients here.
+        self.handle = handle
+        self.pending = handle.getListState(PENDING_STATE, PENDING_SCHEMA)
+
+    @property
+    def intake(self) -> IntakeRules:
+        if self._intake is None:
+            self._intake = self.rules.intake_rules()
+        return self._intake
+
+    def handleInputRows(  # noqa: N802 - PySpark's method name
+        self,
+        key: Any,
+        rows: Iterator[Any],
+        timerValues: Any,  # noqa: N803
+    ) -> Iterator[Any]:
+        if key[-1] == TICK:  # only there to make the batch run (see scheduler_dataframe)
+            for _ in rows:
+                pass
+            yield _frame([])
+            return
+        now = int(timerValues.getCurrentProcessingTimeInMs())
+        out: list[OutputRecord] = []
+        waiting: list[tuple[int, bytes]] = []
+        for pdf in rows:
+            for topic, partition, offset, msg_key, value, headers in zip(
+                pdf["topic"],
+                pdf["partition"],
+                pdf["offset"],
+                pdf["key"],
+                pdf["value"],
+                pdf["headers"],
+                strict=True,
+            ):
+                request = Incoming(
+                    str(topic),
+                    int(partition),
+                    int(offset),
+                    _optional_bytes(msg_key),
+                    _optional_bytes(value),
+                    _headers(headers),
+                )
+                result = classify(request, self.intake, now)
+                if isinstance(result, DeadLetter):
+                    out.append(dead_letter_record(result, self.rules.dlq_topic))
+                elif result.due_ms <= now:
+                    out.append(PendingMessage.of(result).delivery())
+                else:
+                    waiting.append((result.due_ms, PendingMessage.of(result).to_bytes()))
+        if waiting:
+            self.pending.appendList(waiting)
+            for due in sorted({due for due, _ in waiting}):
+                self.handle.registerTimer(due)
+        yield _frame(out)
+
+    def handleExpiredTimer(  # noqa: N802 - PySpark's method name
+        self,
+        key: Any,
+        timerValues: Any,  # noqa: N803
+        expiredTimerInfo: Any,  # noqa: N803
+    ) -> Iterator[Any]:
+        now = int(timerValues.getCurrentProcessingTimeInMs())
+        due: list[PendingMessage] = []
+        keep: list[tuple[int, bytes]] = []
+        for due_ms, data in self.pending.get():
+            if int(due_ms) <= now:
+                due.append(PendingMessage.from_bytes(bytes(data)))
+            else:
+                keep.append((int(due_ms), bytes(data)))
+        if not due:  # a second timer of the same group, its message already delivered
+            yield _frame([])
+            return
+        if keep:
+            self.pending.put(keep)
+        else:
+            self.pending.clear()
+        out: list[OutputRecord] = []
+        for message in sorted(due, key=lambda m: (m.due_ms, m.request)):
+            if message.deadline_ms is not None and message.deadline_ms < now:
+                out.append(dead_letter_record(_expired(message), self.rules.dlq_topic))
+            elif self.intake.partitions_of(message.destination) is None:
+                out.append(dead_letter_record(_gone(message), self.rules.dlq_topic))
+            else:
+                out.append(message.delivery())
+        yield _frame(out)
+
+    def close(self) -> None:
+        pass
+
+
+def _ensure_topics(admin_config: Mapping[str, str], topics: Mapping[str, int]) -> None:
+    """Create the topics (name -> partitions) that do not exist yet."""
+    from confluent_kafka.admin import AdminClient
+
+    from redrive.service.topics import ensure_topic
+
+    admin = AdminClient(dict(admin_config))
+    for topic, partitions in topics.items():
+        ensure_topic(admin, topic, partitions, {})
+
+
+def scheduler_dataframe(
+    requests: Any,
+    rules: SchedulerRules,
+) -> Any:
+    """The scheduler's transformation: requests (a Kafka source DataFrame read with
+    ``includeHeaders``) in, a DataFrame in the Kafka sink's shape out.
+
+    One tick row per micro-batch (the ``rate-micro-batch`` source) is mixed into the
+    requests. Spark runs a micro-batch without new input only when the previous batch
+    of the same run asks for one; right after a restart there is no previous batch,
+    so with no new requests the restored timers would not fire until a request came.
+    With a tick there is always new input, and every trigger runs a batch.
+    """
+    from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
+
+    destination = F.expr(
+        "try_element_at(filter(headers, h -> h.key = 'redrive-destination'), -1).value"
+    )
+    # A request without a key has no order to keep: its own group (by coordinates).
+    unkeyed = F.when(F.col("key").isNull(), F.format_string("%d:%d", "partition", "offset"))
+    columns = {
+        "destination": "binary",
+        "unkeyed": "string",
+        "key": "binary",
+        "topic": "string",
+        "partition": "int",
+        "offset": "bigint",
+        "value": "binary",
+        "headers": "array<struct<key: string, value: binary>>",
+    }
+    requests = requests.select(
+        destination.alias("destination"),
+        unkeyed.alias("unkeyed"),
+        *[name for name in columns if name not in ("destination", "unkeyed")],
+    )
+    ticks = (
+        requests.sparkSession.readStream.format("rate-micro-batch")
+        .option("rowsPerBatch", 1)
+        .load()
+        .select(
+            *[
+                (F.lit(TICK) if name == "unkeyed" else F.lit(None)).cast(kind).alias(name)
+                for name, kind in columns.items()
+            ]
+        )
+    )
+    grouped = requests.unionByName(ticks).groupBy("destination", "key", "unkeyed")
+    return grouped.transformWithStateInPandas(
+        statefulProcessor=RetryScheduler(rules),
+        outputStructType=OUTPUT_SCHEMA,
+        outputMode="Append",
+        timeMode="ProcessingTime",
+    )
+
+
+def build_scheduler_query(
+    spark: Any,
+    *,
+    bootstrap: str,
+    requests_topic: str = "redrive.requests",
+    dlq_topic: str = "redrive.dlq",
+    allowed_destinations: Sequence[str] = ("*",),
+    checkpoint: str,
+    trigger_interval: str = "500 milliseconds",
+    max_delay_days: float = 365.0,
+    kafka_options: Mapping[str, str] | None = None,
+    admin_config: Mapping[str, str] | None = None,
+    starting_offsets: str = "earliest",
+    max_offsets_per_trigger: int | None = 10_000,
+    create_topics: bool = True,
+    query_name: str | None = "redrive-scheduler",
+) -> Any:
+    """Start the scheduler query; returns the ``StreamingQuery``.
+
+    ``allowed_destinations`` are topic names or glob patterns, as ``redrive serve``'s
+    setting of that name (internal topics and the requests topic are always refused).
+    ``checkpoint`` keeps the read offsets, the pending messages and their timers:
+    restarting with the same folder resumes with everything still pending.
+    ``kafka_options`` are Spark Kafka options for the source and the sink;
+    ``admin_config`` librdkafka settings for topic metadata lookups (default: the
+    bootstrap only). With ``create_topics`` the requests and DLQ topics are created
+    when missing. ``max_offsets_per_trigger`` bounds a micro-batch, so that a backlog
+    of requests does not hold up the timers for long. The session must use the
+    RocksDB state store provider (as :func:`redrive.spark.session.spark_session` does).
+    """
+    provider = spark.conf.get("spark.sql.streaming.stateStore.providerClass", None)
+    if provider != ROCKSDB_PROVIDER:
+        raise ConfigError(
+            "spark.sql.streaming.stateStore.providerClass",
+            f"is {provider!r}; transformWithStateInPandas needs the RocksDB provider",
+            f"set it to {ROCKSDB_PROVIDER} (redrive.spark.spark_session does)",
+        )
+    settings = ServiceSettings(
+        requests_topic=requests_topic,
+        dlq_topic=dlq_topic,
+        allowed_destinations=list(allowed_destinations),
+        max_delay_days=max_delay_days,
+    )
+    admin = {"bootstrap.servers": bootstrap, **(admin_config or {})}
+    rules = SchedulerRules.from_settings(settings, admin)
+    if create_topics:
+        # As `redrive serve` creates them: the requests topic with 6 partitions.
+        _ensure_topics(admin, {requests_topic: 6, dlq_topic: 1})
+    extra = dict(kafka_options or {})
+    reader = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", requests_topic)
+        .option("startingOffsets", starting_offsets)
+        .option("includeHeaders", "true")
+        .options(**extra)
+    )
+    if max_offsets_per_trigger is not None:
+        reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
+    writer = (
+        scheduler_dataframe(reader.load(), rules)
+        .writeStream.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .options(**extra)
+        .option("checkpointLocation", checkpoint)
+        .outputMode("append")
+        .trigger(processingTime=trigger_interval)
+    )
+    if query_name:
+        writer = writer.queryName(query_name)
+    return writer.start()
+
+
+def run_scheduler(
+    *,
+    bootstrap: str,
+    checkpoint: str,
+    requests_topic: str = "redrive.requests",
+    dlq_topic: str = "redrive.dlq",
+    allowed_destinations: Sequence[str] = ("*",),
+    trigger_interval: str = "500 milliseconds",
+    max_delay_days: float = 365.0,
+    kafka_options: Mapping[str, str] | None = None,
+    admin_config: Mapping[str, str] | None = None,
+    master: str | None = "local[2]",
+    spark_conf: Mapping[str, str] | None = None,
+) -> None:
+    """Run the scheduler until stopped (Ctrl-C, SIGTERM, or the query fails).
+
+    Creates the SparkSession (:func:`redrive.spark.session.spark_session`, ``master``
+    and ``spark_conf`` passed on), starts :func:`build_scheduler_query` and blocks.
+    On Ctrl-C or SIGTERM the query is stopped cleanly and this returns; a failed query
+    raises its exception (``pyspark.errors.StreamingQueryException``).
+    """
+    from redrive.spark.session import run_until_stopped, spark_session
+
+    spark = spark_session("redrive-spark-scheduler", master=master, conf=spark_conf)
+    try:
+        query = build_scheduler_query(
+            spark,
+            bootstrap=bootstrap,
+            requests_topic=requests_topic,
+            dlq_topic=dlq_topic,
+            allowed_destinations=allowed_destinations,
+            checkpoint=checkpoint,
+            trigger_interval=trigger_interval,
+            max_delay_days=max_delay_days,
+            kafka_options=kafka_options,
+            admin_config=admin_config,
+        )
+        run_until_stopped([query])
+    finally:
+        spark.stop()

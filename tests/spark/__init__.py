@@ -1,0 +1,114 @@
+"""Spark tests: real Spark in local mode against the real broker of the session fixtures.
+
+Helpers shared by the Spark test modules live here.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from redrive.headers import Header
+
+
+def create_topics(bootstrap: str, *names: str, partitions: int = 1) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics([NewTopic(n, num_partitions=partitions) for n in names])
+    for future in futures.values():
+        future.result(timeout=30)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+@dataclass
+class Received:
+    """A consumed message, with its broker timestamp and when the test saw it."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[Header]
+    timestamp_ms: int
+    received_ms: int
+
+    def header(self, name: str) -> bytes | None:
+        return dict(self.headers).get(name)
+
+
+class TopicReader:
+    """Reads topics from the beginning and keeps everything it read."""
+
+    def __init__(self, bootstrap: str, topics: Sequence[str]) -> None:
+        self.received: list[Received] = []
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": unique("spark-test-reader"),
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 10,
+            }
+        )
+        self.consumer.subscribe(list(topics))
+
+    def poll(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            for msg in self.consumer.consume(500, timeout=0.05):
+                if msg.error() is not None:
+                    continue
+                self.received.append(
+                    Received(
+                        msg.topic(),
+                        msg.partition(),
+                        msg.offset(),
+                        msg.key(),
+                        msg.value(),
+                        list(msg.headers() or []),
+                        msg.timestamp()[1],
+                        time.time_ns() // 1_000_000,
+                    )
+                )
+
+    def wait_for(self, count: int, timeout_s: float, topic: str | None = None) -> list[Received]:
+        """Read until ``count`` messages (of ``topic``, or of all) arrived or time is up."""
+        deadline = time.monotonic() + timeout_s
+        while len(self.of(topic)) < count and time.monotonic() < deadline:
+            self.poll(0.2)
+        return self.of(topic)
+
+    def of(self, topic: str | None) -> list[Received]:
+        return [r for r in self.received if topic is None or r.topic == topic]
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+def stop_spark(session: object) -> None:
+    """Stop a test module's Spark: its queries, the session, and the JVM itself. The
+    JVM keeps Kafka producers cached after `stop()`, which would go on logging
+    connection errors once the session's broker is gone; PySpark starts a new JVM
+    for the next module."""
+    from pyspark import SparkContext
+
+    for query in session.streams.active:  # type: ignore[attr-defined]
+        query.stop()
+    session.stop()  # type: ignore[attr-defined]
+    gateway = SparkContext._gateway
+    if gateway is not None:
+        jvm_process = getattr(gateway, "proc", None)  # set by PySpark's launch_gateway
+        gateway.shutdown()
+        if jvm_process is not None:
+            jvm_process.terminate()
+            jvm_process.wait(30)
+        SparkContext._gateway = None
+        SparkContext._jvm = None

@@ -1,0 +1,62 @@
+"""`redrive spark-scheduler` as an operator runs it: a process that delivers when due
+and stops cleanly on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.integration.service_harness import Collector, now_ms, produce, request_headers
+
+pytestmark = pytest.mark.spark
+
+
+def test_spark_scheduler_command_delivers_and_stops_on_sigterm(
+    bootstrap: str, new_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    destination = new_topic("spark-cli")
+    requests_topic = new_topic("spark-cli-requests")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REDRIVE_")}
+    env.update(
+        REDRIVE_BOOTSTRAP=bootstrap,
+        REDRIVE_REQUESTS_TOPIC=requests_topic,
+        REDRIVE_ALLOWED_DESTINATIONS=f'["{destination}"]',
+    )
+    log_path = tmp_path / "spark-scheduler.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "redrive.cli",
+                "spark-scheduler",
+                "--checkpoint",
+                str(tmp_path / "checkpoint"),
+            ],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        collector = Collector(bootstrap, destination)
+        due = now_ms() + 3_000
+        produce(
+            bootstrap,
+            requests_topic,
+            [{"key": b"k", "value": b"via the CLI", "headers": request_headers(destination, due)}],
+        )
+        arrived = collector.poll_until(1, 120)
+        collector.close()
+        assert [d.value for d in arrived] == [b"via the CLI"], log_path.read_text()[-3000:]
+        assert arrived[0].received_ms >= due
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+    assert code == 0, log_path.read_text()[-3000:]
+    assert f"requests topic {requests_topic}" in log_path.read_text()

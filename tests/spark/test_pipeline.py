@@ -1,0 +1,323 @@
+"""The pipeline building block on real Spark (local mode) and the real broker.
+
+1,000 records go through a handler where 10% fail twice and then succeed, 1% fail
+fatally, and one makes the policy itself raise. The Spark scheduler brings the
+retries back to the source topic. Every good record must come out once, the fatal
+ones must be dead letters with their error, retries must come back no earlier than
+their delay, and the query must still be running at the end.
+
+A second test runs the same pipeline with the retry service (`redrive serve`, in
+process, on the real PostgreSQL) and a per-group retry topic instead.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pyspark import cloudpickle
+
+from redrive.headers import Header, decode, describe_error, encode, next_request
+from redrive.policy import policy
+from redrive.service.intake import DEAD_LETTER_REASON_HEADER
+from redrive.spark.pipeline import RecordHandler, Routing, SourceRecord, start_pipeline
+from redrive.spark.scheduler import build_scheduler_query
+from redrive.spark.session import spark_session
+from tests.integration.service_harness import (
+    dead_letters,
+    fresh_database,
+    produce,
+    running_service,
+    settings_for,
+)
+from tests.spark import TopicReader, create_topics, stop_spark, unique
+
+pytestmark = pytest.mark.spark
+
+# Spark's Python workers cannot import this test module: ship its functions by value.
+cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+RECORDS = 1_000
+
+
+class Flaky(BaseException):
+    """Not an Exception subclass: a failure the query must survive all the same."""
+
+
+def is_fatal(n: int) -> bool:
+    return n % 100 == 7
+
+
+def is_flaky(n: int) -> bool:
+    return n % 10 == 3
+
+
+BOMB = 999  # its error makes the policy's predicate raise
+
+
+def handler(key: bytes | None, value: bytes | None, headers: list[Header], attempt: int) -> bytes:
+    n = int(value or b"-1")
+    if is_fatal(n):
+        raise ValueError(f"bad record {n}")
+    if n == BOMB:
+        raise RuntimeError("bomb")
+    if is_flaky(n) and attempt <= 2:
+        if n % 20 == 3:
+            raise ConnectionError(f"flaky {n}, attempt {attempt}")
+        raise Flaky(f"flaky {n}, attempt {attempt}")
+    trace = dict(headers)["trace"] or b""
+    return json.dumps({"n": n, "attempt": attempt, "trace": trace.decode()}).encode()
+
+
+def retryable(error: BaseException) -> bool | None:
+    if "bomb" in str(error):
+        raise RuntimeError("the predicate itself is broken")
+    return None
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    session = spark_session("redrive-test-pipeline")
+    yield session
+    stop_spark(session)
+
+
+def test_failures_are_retried_and_dead_lettered_and_the_query_survives(
+    spark: Any, bootstrap: str, tmp_path: Any
+) -> None:
+    source, output = unique("orders"), unique("orders-out")
+    requests, dlq = unique("requests"), unique("dlq")
+    create_topics(bootstrap, source, requests, partitions=2)
+    create_topics(bootstrap, output, dlq)
+    produce(
+        bootstrap,
+        source,
+        [
+            {
+                "key": f"k{n}".encode(),
+                "value": str(n).encode(),
+                "headers": [("trace", f"t{n}".encode())],
+            }
+            for n in range(RECORDS)
+        ],
+    )
+    reader = TopicReader(bootstrap, [output, requests, dlq, source])
+    scheduler = build_scheduler_query(
+        spark,
+        bootstrap=bootstrap,
+        requests_topic=requests,
+        dlq_topic=dlq,
+        allowed_destinations=[source],
+        checkpoint=str(tmp_path / "scheduler"),
+        query_name=None,
+    )
+    started = time.monotonic()
+    pipeline = start_pipeline(
+        spark,
+        bootstrap,
+        source,
+        handler,
+        policy=policy("1s x3", retryable=retryable),
+        fatal_on=ValueError,
+        output_topic=output,
+        group="billing",
+        requests_topic=requests,
+        checkpoint=str(tmp_path / "pipeline"),
+        trigger_interval="500 milliseconds",
+    )
+    fatal = {n for n in range(RECORDS) if is_fatal(n)} | {BOMB}
+    flaky = {n for n in range(RECORDS) if is_flaky(n)}
+    good = set(range(RECORDS)) - fatal
+    try:
+        reader.wait_for(len(good), timeout_s=300, topic=output)
+        reader.wait_for(len(fatal), timeout_s=60, topic=dlq)
+        reader.poll(3)  # duplicates or strays would show up here
+        print(f"all {len(good)} results after {time.monotonic() - started:.1f} s")
+        assert pipeline.isActive and pipeline.exception() is None
+        assert scheduler.isActive and scheduler.exception() is None
+    finally:
+        pipeline.stop()
+        scheduler.stop()
+        reader.close()
+
+    # Every good record comes out exactly once, after as many attempts as it needed.
+    results = [json.loads(r.value or b"") for r in reader.of(output)]
+    assert Counter(r["n"] for r in results) == Counter(good)
+    for result in results:
+        assert result["attempt"] == (3 if result["n"] in flaky else 1)
+        assert result["trace"] == f"t{result['n']}"  # the user's headers travel along
+
+    # When each record was delivered to the pipeline, by (record, attempt).
+    delivered: dict[tuple[int, int], int] = {}
+    for message in reader.of(source):
+        attempt = int(message.header("redrive-attempt") or b"0") + 1
+        delivered[int(message.value or b""), attempt] = message.timestamp_ms
+
+    # Retry requests: two per flaky record, with the contract headers.
+    retries = [r for r in reader.of(requests) if r.header("redrive-send-to") == b"retry"]
+    assert Counter(int(r.value or b"") for r in retries) == Counter(2 * sorted(flaky))
+    for request in retries:
+        headers, user = decode(request.headers)
+        n = int(request.value or b"")
+        assert user == [("trace", f"t{n}".encode())]
+        assert headers.destination == source and headers.group == "billing"
+        assert headers.original_topic == source and headers.original_offset is not None
+        assert headers.partition == headers.original_partition
+        assert headers.attempt in (1, 2)
+        assert headers.error_type == ("ConnectionError" if n % 20 == 3 else f"{__name__}.Flaky")
+        assert headers.error_message == f"flaky {n}, attempt {headers.attempt}"
+        # Due one second after the failure, which came after the delivery that failed
+        # and before the request was written.
+        failed_at = headers.retry_at - 1_000
+        assert delivered[n, headers.attempt] <= failed_at <= request.timestamp_ms
+
+    # Redeliveries on the source topic: never before due, on the partition they left.
+    redelivered = [r for r in reader.of(source) if r.header("redrive-retry-at")]
+    assert len(redelivered) == len(retries)
+    lateness = []
+    for message in redelivered:
+        headers, _ = decode(message.headers)
+        assert message.timestamp_ms >= headers.retry_at
+        assert message.partition == headers.original_partition
+        lateness.append(message.timestamp_ms - headers.retry_at)
+    print(f"redelivered after due: min {min(lateness)} ms, max {max(lateness)} ms")
+
+    # Dead letters: through the requests topic (send-to dlq) to the DLQ topic, with the error.
+    letters = {int(r.value or b""): r for r in reader.of(dlq)}
+    assert set(letters) == fatal and len(reader.of(dlq)) == len(fatal)
+    for n, letter in letters.items():
+        reason = (letter.header(DEAD_LETTER_REASON_HEADER) or b"").decode()
+        assert reason.startswith("sent to the dead letters by its consumer")
+        assert letter.header("redrive-send-to") == b"dlq"
+        assert letter.header("redrive-attempt") == b"1"
+        assert letter.header("redrive-group") == b"billing"
+        assert letter.header("redrive-original-topic") == source.encode()
+        if n == BOMB:
+            assert letter.header("redrive-error-type") == b"RuntimeError"
+            assert b"policy error" in (letter.header("redrive-reason") or b"")
+        else:
+            assert letter.header("redrive-error-type") == b"ValueError"
+            assert letter.header("redrive-error-message") == f"bad record {n}".encode()
+            assert letter.header("redrive-reason") == (
+                b"fatal error: ValueError (matches fatal_on ValueError)"
+            )
+            assert b"ValueError: bad record" in (letter.header("redrive-error-trace") or b"")
+
+
+def test_with_the_retry_service_and_a_per_group_retry_topic(
+    spark: Any, bootstrap: str, database_url: str, tmp_path: Any
+) -> None:
+    source, output, group = unique("payments"), unique("payments-out"), "ledger"
+    retry = f"{group}.{source}.retry"
+    create_topics(bootstrap, source, retry, partitions=2)
+    create_topics(bootstrap, output)
+    count = 60
+    produce(
+        bootstrap,
+        source,
+        [
+            {
+                "key": f"k{n}".encode(),
+                "value": str(n).encode(),
+                "headers": [("trace", f"t{n}".encode())],
+            }
+            for n in range(count)
+        ],
+    )
+    # Retries go to the group's retry topic; dead letters name the source topic (where a
+    # replay goes), as the Python consumer's do.
+    settings = settings_for(
+        bootstrap, fresh_database(database_url), allowed_destinations=[retry, source]
+    )
+    reader = TopicReader(bootstrap, [output, retry])
+    fatal = {n for n in range(count) if is_fatal(n)}
+    flaky = {n for n in range(count) if is_flaky(n)}
+    good = set(range(count)) - fatal
+    with running_service(settings):
+        pipeline = start_pipeline(
+            spark,
+            bootstrap,
+            [source],
+            handler,
+            policy="1s x3",
+            fatal_on=ValueError,
+            output_topic=output,
+            group=group,
+            requests_topic=settings.requests_topic,
+            per_group_retry_topic=True,
+            checkpoint=str(tmp_path / "pipeline"),
+            trigger_interval="500 milliseconds",
+        )
+        try:
+            reader.wait_for(len(good), timeout_s=180, topic=output)
+            reader.poll(2)
+            assert pipeline.isActive and pipeline.exception() is None
+        finally:
+            pipeline.stop()
+            reader.close()
+        letters = dead_letters(settings.database_url or "")
+
+    results = [json.loads(r.value or b"") for r in reader.of(output)]
+    assert Counter(r["n"] for r in results) == Counter(good)
+    assert all(r["attempt"] == (3 if r["n"] in flaky else 1) for r in results)
+    # Retries came back on the group's retry topic, not on the shared source topic.
+    assert Counter(int(r.value or b"") for r in reader.of(retry)) == Counter(2 * sorted(flaky))
+    # Dead letters are in the retry service's store, with their error.
+    assert sorted(int(row["msg_value"]) for row in letters) == sorted(fatal)
+    for row in letters:
+        assert row["reason_code"] == "sent_to_dlq"
+        assert row["error_type"] == "ValueError"
+        assert row["error_message"] == f"bad record {int(row['msg_value'])}"
+        assert row["group_id"] == group and row["original_topic"] == source
+
+
+def test_record_routing_without_spark() -> None:
+    """What the executors do per record, checked directly: the headers are exactly those
+    the Python consumer writes, and no failure escapes but KeyboardInterrupt/SystemExit."""
+    error = ConnectionError("gateway down")
+
+    def failing(
+        key: bytes | None, value: bytes | None, headers: list[Header], attempt: int
+    ) -> bytes:
+        raise error
+
+    routing = Routing(output_topic="out", group="billing", requests_topic="requests")
+    run = RecordHandler(failing, policy("1s x3"), routing, clock=lambda: 1_000_000)
+    record = SourceRecord("orders", 1, 42, 999_000, b"k", b"v", [("trace", b"t1")])
+    out = run(record)
+    assert out is not None and out.topic == "requests" and (out.key, out.value) == (b"k", b"v")
+    expected = next_request(
+        None,
+        destination="orders",
+        retry_at=1_001_000,
+        error=describe_error(error),
+        record_topic="orders",
+        record_partition=1,
+        record_offset=42,
+        record_timestamp=999_000,
+        group="billing",
+        partition=1,
+    )
+    assert out.headers == encode(expected, [("trace", b"t1")])
+
+    def wrong_type(
+        key: bytes | None, value: bytes | None, headers: list[Header], attempt: int
+    ) -> Any:
+        return "not bytes"
+
+    out = RecordHandler(wrong_type, policy("1s x3", fatal_on=TypeError), routing)(record)
+    assert out is not None and dict(out.headers)["redrive-send-to"] == b"dlq"
+    assert dict(out.headers)["redrive-error-type"] == b"TypeError"
+
+    def interrupted(
+        key: bytes | None, value: bytes | None, headers: list[Header], attempt: int
+    ) -> bytes:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        RecordHandler(interrupted, policy("1s x3"), routing)(record)

@@ -1,0 +1,286 @@
+"""The Spark scheduler on real Spark (local mode) and the real broker.
+
+Requests go into a requests topic; the scheduler query must deliver each to its
+destination not before its redrive-retry-at, unchanged; refuse invalid ones to the
+DLQ topic with the retry service's reason; and keep what is pending across a restart
+from the same checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from redrive.headers import Header, RetryHeaders, encode
+from redrive.service.intake import DEAD_LETTER_REASON_HEADER
+from redrive.spark.scheduler import build_scheduler_query
+from redrive.spark.session import spark_session
+from tests.integration.service_harness import now_ms, produce, request_headers
+from tests.spark import TopicReader, create_topics, stop_spark, unique
+
+pytestmark = pytest.mark.spark
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    session = spark_session("redrive-test-scheduler")
+    yield session
+    stop_spark(session)
+
+
+def requests_read(query: Any) -> int:
+    """Requests the query has read from Kafka (its other source is one tick per batch)."""
+    return sum(
+        source["numInputRows"]
+        for progress in query.recentProgress
+        for source in progress["sources"]
+        if "Kafka" in source["description"]
+    )
+
+
+def wait_for_requests(query: Any, count: int, timeout_s: float = 120) -> None:
+    """Until the query has read (and, its batch committed, stored) ``count`` requests."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert query.exception() is None, query.exception()
+        if requests_read(query) >= count:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"the query did not read {count} requests in {timeout_s} s")
+
+
+def wait_until_running(query: Any, timeout_s: float = 120) -> None:
+    """Until the query's first micro-batch completed (JVM and Python workers are warm)."""
+    deadline = time.monotonic() + timeout_s
+    while not query.recentProgress and time.monotonic() < deadline:
+        assert query.exception() is None, query.exception()
+        time.sleep(0.2)
+    assert query.recentProgress, "the scheduler query did not complete a batch"
+
+
+@dataclass
+class Scheduler:
+    query: Any
+    bootstrap: str
+    requests_topic: str
+    dlq_topic: str
+    destinations: list[str]
+    """Allowed destination topics, one per test, created before the query started
+    (the scheduler, like the service, caches which topics exist)."""
+
+
+@pytest.fixture(scope="module")
+def scheduler(
+    spark: Any, bootstrap: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Scheduler]:
+    requests, dlq = unique("requests"), unique("dlq")
+    destinations = [unique("ok-dest"), unique("ok-dest")]
+    create_topics(bootstrap, requests, *destinations, partitions=2)
+    create_topics(bootstrap, dlq)
+    query = build_scheduler_query(
+        spark,
+        bootstrap=bootstrap,
+        requests_topic=requests,
+        dlq_topic=dlq,
+        allowed_destinations=["ok-*"],
+        checkpoint=str(tmp_path_factory.mktemp("scheduler") / "checkpoint"),
+        trigger_interval="500 milliseconds",
+    )
+    wait_until_running(query)
+    yield Scheduler(query, bootstrap, requests, dlq, destinations)
+    query.stop()
+
+
+def test_requests_are_delivered_when_due_never_before(scheduler: Scheduler) -> None:
+    destination = scheduler.destinations[0]
+    reader = TopicReader(scheduler.bootstrap, [destination])
+    start = now_ms()
+    sent: dict[bytes, tuple[int, list[Header], int | None]] = {}
+    records = []
+    for i in range(30):
+        retry_at = start + 3_000 + (i % 6) * 700
+        if i == 0:
+            retry_at = start - 1_000  # already due: delivered on arrival
+        partition = i % 2 if i % 3 == 0 else None
+        headers = request_headers(
+            destination,
+            retry_at,
+            [("trace", f"t{i}".encode()), ("empty", None)],
+            partition=partition,
+            attempt=1 + i % 3,
+            group="g",
+            original_topic="orders",
+            original_partition=0,
+            original_offset=i,
+            error_type="TimeoutError",
+            error_message=f"timed out {i}",
+        )
+        key = f"k{i}".encode()
+        sent[key] = (retry_at, headers, partition)
+        records.append({"key": key, "value": f"v{i}".encode(), "headers": headers})
+    produce(scheduler.bootstrap, scheduler.requests_topic, records)
+
+    got = reader.wait_for(30, timeout_s=120)
+    reader.poll(2)  # anything extra would show up here
+    reader.close()
+
+    assert sorted(r.key for r in reader.received) == sorted(sent)
+    lateness = []
+    for message in got:
+        assert message.key is not None
+        retry_at, headers, partition = sent[message.key]
+        assert message.timestamp_ms >= retry_at, "delivered before it was due"
+        assert message.value == b"v" + message.key[1:]
+        assert message.headers == headers  # user's and redrive headers, unchanged
+        if partition is not None:
+            assert message.partition == partition
+        lateness.append(message.timestamp_ms - retry_at)
+    print(f"delivery after due: min {min(lateness)} ms, max {max(lateness)} ms")
+    assert scheduler.query.isActive
+
+
+def test_invalid_requests_become_dead_letters_and_the_query_keeps_running(
+    scheduler: Scheduler,
+) -> None:
+    destination = scheduler.destinations[1]
+    reader = TopicReader(scheduler.bootstrap, [scheduler.dlq_topic, destination])
+    due = now_ms() + 1_000
+    # Pending when it arrives (even on a slow machine), expired when it fires; never
+    # exactly a trigger time (those fall on multiples of 500 ms).
+    expiring = now_ms() + 8_000
+    expiring += 137 - expiring % 500
+    missing = unique("ok-missing")
+    spent = RetryHeaders(
+        destination=destination,
+        retry_at=due,
+        attempt=3,
+        send_to="dlq",
+        reason="attempts exhausted (3 of 3)",
+    )
+    bad: list[tuple[bytes, list[Header], str]] = [
+        (
+            b"no-retry-at",
+            [("redrive-destination", destination.encode())],
+            "invalid request: redrive-retry-at: missing (required in a retry request)",
+        ),
+        (
+            b"not-a-number",
+            [("redrive-destination", destination.encode()), ("redrive-retry-at", b"soon")],
+            "invalid request: redrive-retry-at: not a decimal integer: 'soon'",
+        ),
+        (
+            b"forged",
+            request_headers("elsewhere", due),
+            "destination not allowed: 'elsewhere' is not in the allowlist",
+        ),
+        (
+            b"internal",
+            request_headers("__consumer_offsets", due),
+            "destination not allowed: '__consumer_offsets' is not in the allowlist",
+        ),
+        (
+            b"unknown-topic",
+            request_headers(missing, due),
+            f"destination topic {missing!r} does not exist",
+        ),
+        (
+            b"spent",
+            encode(spent),
+            "sent to the dead letters by its consumer (redrive-send-to: dlq) "
+            "after attempt 3: attempts exhausted (3 of 3)",
+        ),
+        (
+            b"expires-while-pending",
+            request_headers(destination, expiring, deadline=expiring),
+            f"deadline passed while pending: redrive-deadline {expiring}, due {expiring}",
+        ),
+        (
+            b"no-headers",
+            [],
+            "invalid request: redrive-destination: missing (required in a retry request)",
+        ),
+    ]
+    records: list[dict[str, Any]] = [
+        {"key": key, "value": b"payload-" + key, "headers": headers} for key, headers, _ in bad
+    ]
+    records.append({"key": b"good", "value": b"fine", "headers": request_headers(destination, due)})
+    produce(scheduler.bootstrap, scheduler.requests_topic, records)
+
+    reader.wait_for(len(bad), timeout_s=150, topic=scheduler.dlq_topic)
+    reader.wait_for(1, timeout_s=60, topic=destination)
+    reader.poll(1)
+    reader.close()
+
+    letters = {r.key: r for r in reader.of(scheduler.dlq_topic)}
+    assert set(letters) == {key for key, _, _ in bad}
+    for key, headers, reason in bad:
+        letter = letters[key]
+        assert letter.value == b"payload-" + key
+        # The request's headers, then the reason, as `redrive serve` mirrors dead letters.
+        assert letter.headers == [*headers, (DEAD_LETTER_REASON_HEADER, reason.encode())]
+    [good] = reader.of(destination)
+    assert good.key == b"good" and good.timestamp_ms >= due
+    assert scheduler.query.isActive and scheduler.query.exception() is None
+
+
+def test_pending_requests_survive_a_restart(spark: Any, bootstrap: str, tmp_path: Path) -> None:
+    requests, dlq, destination = unique("requests"), unique("dlq"), unique("dest")
+    create_topics(bootstrap, requests, partitions=2)
+    create_topics(bootstrap, dlq, destination)
+    checkpoint = str(tmp_path / "checkpoint")
+
+    def start() -> Any:
+        return build_scheduler_query(
+            spark,
+            bootstrap=bootstrap,
+            requests_topic=requests,
+            dlq_topic=dlq,
+            allowed_destinations=[destination],
+            checkpoint=checkpoint,
+            trigger_interval="500 milliseconds",
+            query_name=None,
+        )
+
+    reader = TopicReader(bootstrap, [destination, dlq])
+    query = start()
+    wait_until_running(query)
+    # Due well after the query will have stored them and stopped, even on a slow machine
+    # (a first batch with data can take 10 s or more on 2 busy cores).
+    due = now_ms() + 25_000
+    records = [
+        {
+            "key": f"k{i}".encode(),
+            "value": f"v{i}".encode(),
+            "headers": request_headers(destination, due + i * 100),
+        }
+        for i in range(20)
+    ]
+    produce(bootstrap, requests, records)
+    wait_for_requests(query, len(records))
+    print(f"requests stored {25_000 - (due - now_ms())} ms after they were written")
+    query.stop()  # 20 requests pending in state, none due yet
+    reader.poll(1)
+    assert reader.received == []
+
+    time.sleep(max(0.0, (due - now_ms()) / 1000))  # they come due while it is stopped
+    query = start()
+    try:
+        got = reader.wait_for(len(records), timeout_s=120)
+        reader.poll(2)
+        assert query.isActive and query.exception() is None
+        # It resumed after the requests (offsets in the checkpoint): what it delivered
+        # came out of its restored state and timers, not from reading them again.
+        assert requests_read(query) == 0
+    finally:
+        query.stop()
+        reader.close()
+    assert sorted(r.key for r in got) == sorted(r["key"] for r in records)
+    assert all(r.topic == destination for r in got)
+    for message in got:
+        index = int(message.key[1:]) if message.key else -1
+        assert message.timestamp_ms >= due + index * 100
