@@ -14,7 +14,6 @@ import json
 import os
 import random
 import re
-import signal
 import subprocess
 import sys
 import threading
