@@ -237,35 +237,37 @@ def dead_letter_record(letter: DeadLetter, dlq_topic: str) -> OutputRecord:
     return OutputRecord(dlq_topic, letter.key, letter.value, headers)
 
 
-def _expired(message: PendingMessage) -> DeadLetter:
-    """A message whose deadline passed while it waited (the service's wording)."""
+def _dead(message: PendingMessage, code: str, reason: str) -> DeadLetter:
+    """A pending message that will not be delivered, with the service's wording."""
     topic, partition, offset = message.request
     return DeadLetter(
         topic=message.destination,
         key=message.key,
         value=message.value,
         headers=message.headers,
-        reason_code=Reason.DEADLINE_PASSED,
-        reason=(
-            f"deadline passed while pending: redrive-deadline {message.deadline_ms}, "
-            f"due {message.due_ms}"
-        ),
+        reason_code=code,
+        reason=reason,
         source="scheduler",
         request=RequestCoordinates(topic, partition, offset),
     )
 
 
+def _expired(message: PendingMessage) -> DeadLetter:
+    """A message whose deadline passed while it waited."""
+    return _dead(
+        message,
+        Reason.DEADLINE_PASSED,
+        f"deadline passed while pending: redrive-deadline {message.deadline_ms}, "
+        f"due {message.due_ms}",
+    )
+
+
 def _gone(message: PendingMessage) -> DeadLetter:
-    topic, partition, offset = message.request
-    return DeadLetter(
-        topic=message.destination,
-        key=message.key,
-        value=message.value,
-        headers=message.headers,
-        reason_code=Reason.UNKNOWN_DESTINATION,
-        reason=f"destination topic {message.destination!r} does not exist",
-        source="scheduler",
-        request=RequestCoordinates(topic, partition, offset),
+    """A message whose destination topic disappeared while it waited."""
+    return _dead(
+        message,
+        Reason.UNKNOWN_DESTINATION,
+        f"destination topic {message.destination!r} does not exist",
     )
 
 
