@@ -46,6 +46,15 @@ def _rows(rows: list[Row]) -> list[Row]:
     return rows
 
 
+def _page(rows: list[Row], limit: int, *sort_key: str) -> tuple[list[Row], str | None]:
+    """A page from `limit + 1` fetched rows: the extra row only says a next page exists;
+    the cursor is the sort key of the page's last row."""
+    page = rows[:limit]
+    if len(rows) <= limit or not page:
+        return page, None
+    return page, encode_cursor(*(page[-1][column] for column in sort_key))
+
+
 class Operations:
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -67,9 +76,7 @@ class Operations:
         )
         with self.store._conn() as conn, conn.cursor(row_factory=dict_row) as cur:
             rows = _rows(cur.execute(sql.encode(), [*params, limit + 1]).fetchall())
-        more = len(rows) > limit
-        rows = rows[:limit]
-        return rows, encode_cursor(rows[-1]["id"]) if more and rows else None
+        return _page(rows, limit, "id")
 
     def dead_letter(self, letter_id: int) -> Row | None:
         with self.store._conn() as conn, conn.cursor(row_factory=dict_row) as cur:
@@ -122,10 +129,7 @@ class Operations:
         )
         with self.store._conn() as conn, conn.cursor(row_factory=dict_row) as cur:
             rows = _rows(cur.execute(sql.encode(), [*params, limit + 1]).fetchall())
-        more = len(rows) > limit
-        rows = rows[:limit]
-        last = rows[-1] if rows else None
-        return rows, encode_cursor(last["due_ms"], last["id"]) if more and last else None
+        return _page(rows, limit, "due_ms", "id")
 
     def pending_one(self, pending_id: int) -> Row | None:
         with self.store._conn() as conn, conn.cursor(row_factory=dict_row) as cur:
@@ -254,6 +258,4 @@ class Operations:
                 f"FROM redrive_audit WHERE {where} ORDER BY id DESC LIMIT %s".encode(),
                 [*params, limit + 1],
             ).fetchall()
-        more = len(rows) > limit
-        rows = rows[:limit]
-        return rows, encode_cursor(rows[-1]["id"]) if more and rows else None
+        return _page(rows, limit, "id")
