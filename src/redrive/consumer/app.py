@@ -175,6 +175,9 @@ class App:
         self, topic: str, fn: Callable[[Message], Any], **options: Unpack[HandlerOptions]
     ) -> None:
         """The same as :meth:`handler`, without the decorator."""
+        unknown = sorted(set(options) - set(HandlerOptions.__annotations__))
+        if unknown:
+            raise TypeError(f"unknown handler option(s) {unknown}; see HandlerOptions")
         strategy = options.get("strategy", "service")
         per_group_topic = options.get("per_group_topic", False)
         if topic in self._reads:

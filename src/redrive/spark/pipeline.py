@@ -43,7 +43,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, TypedDict, Unpack
 
 from redrive.headers import (
     Header,
@@ -367,6 +367,21 @@ def handle_batches(
     return run
 
 
+class RetryOptions(TypedDict, total=False):
+    """How :func:`with_retries` (and :func:`start_pipeline`) route failures."""
+
+    requests_topic: str
+    """The retry service's requests topic (default ``redrive.requests``)."""
+    retry_on: Any
+    fatal_on: Any
+    """Exception classes, passed to the policy."""
+    per_group_retry_topic: bool
+    """Retries come back on ``<group>.<topic>.retry`` instead of the source topic."""
+    dead_letters: DeadLetterTarget
+    """``"service"`` (default) or ``"topic"``."""
+    dlq_topic: str | None
+
+
 def with_retries(
     df: Any,
     handler: Handler,
@@ -374,12 +389,7 @@ def with_retries(
     policy: Any,
     output_topic: str,
     group: str,
-    requests_topic: str = "redrive.requests",
-    retry_on: Any = None,
-    fatal_on: Any = None,
-    per_group_retry_topic: bool = False,
-    dead_letters: DeadLetterTarget = "service",
-    dlq_topic: str | None = None,
+    **options: Unpack[RetryOptions],
 ) -> Any:
     """Run ``handler`` on each record of a Kafka source DataFrame, with retries.
 
@@ -391,29 +401,29 @@ def with_retries(
     ``topic`` option (each row names its topic). Raises ``ValueError`` (or
     :class:`redrive.policy.PolicyError`) for a bad setting, before anything runs.
     """
+    unknown = sorted(set(options) - set(RetryOptions.__annotations__))
+    if unknown:
+        raise TypeError(f"unknown option(s) {unknown}; see RetryOptions")
     missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
     if missing:
         hint = ""
         if "headers" in missing:
             hint = " (read the source with .option('includeHeaders', 'true'))"
         raise ValueError(f"not a Kafka source DataFrame: no column {', '.join(missing)}{hint}")
-    options: dict[str, Any] = {}
-    if retry_on is not None:
-        options["retry_on"] = retry_on
-    if fatal_on is not None:
-        options["fatal_on"] = fatal_on
-    record_handler = RecordHandler(
-        handler,
-        make_policy(policy, **options),
-        Routing(
-            output_topic=output_topic,
-            group=group,
-            requests_topic=requests_topic,
-            per_group_retry_topic=per_group_retry_topic,
-            dead_letters=dead_letters,
-            dlq_topic=dlq_topic,
-        ),
+    classification: dict[str, Any] = {}
+    if options.get("retry_on") is not None:
+        classification["retry_on"] = options["retry_on"]
+    if options.get("fatal_on") is not None:
+        classification["fatal_on"] = options["fatal_on"]
+    routing = Routing(
+        output_topic=output_topic,
+        group=group,
+        requests_topic=options.get("requests_topic", "redrive.requests"),
+        per_group_retry_topic=options.get("per_group_retry_topic", False),
+        dead_letters=options.get("dead_letters", "service"),
+        dlq_topic=options.get("dlq_topic"),
     )
+    record_handler = RecordHandler(handler, make_policy(policy, **classification), routing)
     from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
 
     source = df.select(
@@ -438,17 +448,12 @@ def start_pipeline(
     output_topic: str,
     group: str,
     checkpoint: str,
-    requests_topic: str = "redrive.requests",
-    retry_on: Any = None,
-    fatal_on: Any = None,
-    per_group_retry_topic: bool = False,
-    dead_letters: DeadLetterTarget = "service",
-    dlq_topic: str | None = None,
     trigger_interval: str = "1 second",
     starting_offsets: str = "earliest",
     max_offsets_per_trigger: int | None = None,
     kafka_options: Mapping[str, str] | None = None,
     query_name: str | None = None,
+    **options: Unpack[RetryOptions],
 ) -> Any:
     """Read ``source_topics``, run :func:`with_retries`, write to Kafka; returns the query.
 
@@ -462,7 +467,7 @@ def start_pipeline(
     topics = [source_topics] if isinstance(source_topics, str) else list(source_topics)
     if not topics:
         raise ValueError("source_topics is empty")
-    if per_group_retry_topic:
+    if options.get("per_group_retry_topic"):
         topics += [retry_topic(group, t) for t in topics]
     extra = dict(kafka_options or {})
     reader = (
@@ -476,17 +481,7 @@ def start_pipeline(
     if max_offsets_per_trigger is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
     routed = with_retries(
-        reader.load(),
-        handler,
-        policy=policy,
-        output_topic=output_topic,
-        group=group,
-        requests_topic=requests_topic,
-        retry_on=retry_on,
-        fatal_on=fatal_on,
-        per_group_retry_topic=per_group_retry_topic,
-        dead_letters=dead_letters,
-        dlq_topic=dlq_topic,
+        reader.load(), handler, policy=policy, output_topic=output_topic, group=group, **options
     )
     writer = (
         routed.writeStream.format("kafka")
