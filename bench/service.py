@@ -20,6 +20,7 @@ import psycopg
 from confluent_kafka import Consumer, Producer
 
 from bench.common import ServiceProcess, create_topic, fresh_database, now_ms
+from bench.kafka_raw import CONSUMER_TUNING, PRODUCER_TUNING
 from redrive.headers import RetryHeaders, encode
 from redrive.kafka import consume_available
 from redrive.service.store import Store
@@ -43,7 +44,9 @@ def _http_base(log: Path) -> str:
 class Reader(threading.Thread):
     """Reads a destination topic, recording arrival time minus due time per message."""
 
-    def __init__(self, bootstrap: str, topic: str, expected: int) -> None:
+    def __init__(
+        self, bootstrap: str, topic: str, expected: int, tuning: dict[str, int] | None = None
+    ) -> None:
         super().__init__(daemon=True)
         self.consumer = Consumer(
             {
@@ -52,6 +55,7 @@ class Reader(threading.Thread):
                 "auto.offset.reset": "earliest",
                 "enable.auto.commit": False,
                 "fetch.wait.max.ms": 5,
+                **(tuning or {}),
             }
         )
         self.consumer.subscribe([topic])
@@ -114,20 +118,15 @@ def end_to_end(
         for service in services:
             stack.enter_context(service)
         bases = [_http_base(service.log) for service in services]
-        reader = Reader(bootstrap, destination, n)
+        # Read back tuned as the raw benchmark reads (throughput, not latency, is measured).
+        reader = Reader(bootstrap, destination, n, CONSUMER_TUNING)
         reader.start()
         reader.ready.wait(30)
-        producer = Producer(
-            {
-                "bootstrap.servers": bootstrap,
-                "linger.ms": 10,
-                "batch.size": 1_000_000,
-                "enable.idempotence": True,
-            }
-        )
+        producer = Producer({"bootstrap.servers": bootstrap, **PRODUCER_TUNING})
+        # Requests are prepared before the clock starts, as the raw benchmark's payload is.
+        requests = _requests(destination, n, [now_ms()] * n)
         started = time.perf_counter()
-        due = [now_ms()] * n
-        for key, headers in _requests(destination, n, due):
+        for key, headers in requests:
             while True:
                 try:
                     producer.produce(requests_topic, key=key, value=PAYLOAD, headers=headers)

@@ -126,7 +126,6 @@ def pending_view(row: dict[str, Any], *, full: bool) -> dict[str, Any]:
         "group": row["group_id"],
         "deadline_ms": row["deadline_ms"],
         "received_at": _time(row["received_at"]),
-        "leased_until_ms": row["lease_until_ms"],
     }
     if full:
         out |= {

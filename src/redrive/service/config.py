@@ -50,6 +50,11 @@ class ServiceSettings(BaseSettings):
         default_factory=dict,
         description="librdkafka settings for intake's consumer only (e.g. fetch sizes).",
     )
+    scheduler_kafka: dict[str, str | int] = Field(
+        default_factory=dict,
+        description="librdkafka settings for the scheduler's producer only (e.g. "
+        "compression.type, linger.ms).",
+    )
     requests_topic: str = "redrive.requests"
     dlq_topic: str = "redrive.dlq"
     mirror_dead_letters: bool = Field(
@@ -74,7 +79,8 @@ class ServiceSettings(BaseSettings):
     lease_seconds: float = Field(
         30.0,
         gt=0,
-        description="How long a claimed row is reserved before another instance may take it over.",
+        description="Longest a scheduler may hold claimed rows: a hung instance's claim "
+        "is ended after this long and its rows go to the others.",
     )
     max_delay_days: float = Field(
         365.0, gt=0, description="A retry-at further in the future is refused."

@@ -2,9 +2,11 @@
 
 The loop reads a batch, classifies each request (a pending retry, or a dead letter
 with its reason), inserts the whole batch in one idempotent transaction, and only
-then commits the batch's offsets. A crash anywhere before the commit means the batch
-is read again, and the unique index on request coordinates makes the re-insert a
-no-op: nothing is lost and nothing is stored twice.
+then commits the batch's offsets. The insert of one batch runs on a writer thread
+while the loop reads and classifies the next (the database round trips overlap the
+Python work); batches are stored and committed strictly in order. A crash anywhere
+before the commit means the batch is read again, and the unique index on request
+coordinates makes the re-insert a no-op: nothing is lost and nothing is stored twice.
 
 When PostgreSQL is down (or the broker cannot tell whether a destination exists),
 intake keeps the batch, pauses its partitions and keeps polling (so it stays in its
@@ -17,6 +19,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
@@ -36,6 +40,20 @@ DEAD_LETTER_REASON_HEADER = "redrive-dead-letter-reason"
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+@dataclass
+class _Batch:
+    """One classified batch, and its insert running on the writer thread."""
+
+    incoming: list[Incoming]
+    pending: list[PendingRetry]
+    dead: list[DeadLetter]
+    stored: Future[int] | None = None
+
+
+def _done(batch: _Batch) -> bool:
+    return batch.stored is None or batch.stored.done()
 
 
 class Intake:
@@ -81,17 +99,29 @@ class Intake:
         """Consume until `stop` is set; then close the consumer (leaving the group)."""
         self.consumer.subscribe([self.settings.requests_topic])
         log.info("intake started", topic=self.settings.requests_topic, group=self.settings.group_id)
+        writer = ThreadPoolExecutor(1, thread_name_prefix="redrive-intake-store")
+        in_flight: _Batch | None = None
         try:
             while not self.stop.is_set():
                 messages = consume_available(
                     self.consumer,
                     self.settings.intake_batch_size,
-                    0.2,
+                    # While a batch is being stored, come back soon to commit it.
+                    0.2 if in_flight is None else 0.01,
                     linger_s=self.settings.intake_linger_ms / 1000,
                 )
-                if messages:
-                    self._handle_batch(messages)
+                batch = self._classified(messages) if messages else None
+                if in_flight is not None and (batch is not None or _done(in_flight)):
+                    finished, in_flight = self._finish(in_flight), None
+                    if not finished:
+                        break  # stopping with a batch unstored: nothing after it may commit
+                if batch is not None:
+                    batch.stored = writer.submit(self._insert, batch)
+                    in_flight = batch
+            if in_flight is not None:
+                self._finish(in_flight)
         finally:
+            writer.shutdown(wait=True)
             self._commit_last()
             self.consumer.close()
             if self.mirror is not None:
@@ -99,7 +129,9 @@ class Intake:
                 self.mirror.close()
             log.info("intake stopped")
 
-    def _handle_batch(self, messages: Sequence[Message]) -> None:
+    def _classified(self, messages: Sequence[Message]) -> _Batch | None:
+        """The batch's requests, each a pending retry or a dead letter; None if empty (or
+        stopping before the broker could answer metadata: the batch is read again)."""
         incoming = []
         for msg in messages:
             error = msg.error()
@@ -109,16 +141,34 @@ class Intake:
                 continue
             incoming.append(Incoming.from_message(msg))
         if not incoming:
-            return
+            return None
         self.metrics.received.inc(len(incoming))
         pending, dead = self._classify_waiting(incoming)
         if pending is None or dead is None:
-            return  # stopping before the batch was classified: it will be read again
-        if not self._store_waiting(pending, dead):
-            return  # stopping before the batch was stored: it will be read again
-        self._mirror(dead)
-        self._commit(incoming)
-        for letter in dead:
+            return None
+        return _Batch(incoming, pending, dead)
+
+    def _insert(self, batch: _Batch) -> int:
+        """On the writer thread: store the batch, then wake the scheduler if it is due."""
+        inserted = self.store.insert_batch(batch.pending, batch.dead)
+        if batch.pending:
+            self.on_scheduled(min(p.due_ms for p in batch.pending))
+        return inserted
+
+    def _finish(self, batch: _Batch) -> bool:
+        """Once the batch's insert ended: retry it while the store is down, then commit.
+        False if stopped before the batch was stored."""
+        assert batch.stored is not None
+        try:
+            batch.stored.result()
+            self._stored(batch)
+        except StoreUnavailable as exc:
+            self._store_failed(exc, batch, attempt=1)
+            if not self._store_waiting(batch):
+                return False  # stopping before the batch was stored: it will be read again
+        self._mirror(batch.dead)
+        self._commit(batch.incoming)
+        for letter in batch.dead:
             assert letter.request is not None
             # A consumer's own dead letter is business as usual; anything else was refused.
             sent = letter.reason_code == Reason.SENT_TO_DLQ
@@ -130,8 +180,7 @@ class Intake:
                 destination=letter.topic,
                 reason=letter.reason,
             )
-        if pending:
-            self.on_scheduled(min(p.due_ms for p in pending))
+        return True
 
     def _classify_waiting(
         self, incoming: list[Incoming]
@@ -158,32 +207,39 @@ class Intake:
                 if not self._pause_for(attempt):
                     return None, None
 
-    def _store_waiting(self, pending: list[PendingRetry], dead: list[DeadLetter]) -> bool:
-        """Insert the batch; while PostgreSQL is down, wait paused. False if stopped first."""
-        attempt = 0
+    def _stored(self, batch: _Batch) -> None:
+        self.healthy = True
+        self.metrics.scheduled.inc(len(batch.pending))
+        for letter in batch.dead:
+            self.metrics.invalid.labels(letter.reason_code).inc()
+            self.metrics.dead_lettered.labels(letter.reason_code).inc()
+
+    def _store_failed(self, exc: StoreUnavailable, batch: _Batch, attempt: int) -> None:
+        self.healthy = False
+        self.metrics.store_errors.labels("insert").inc()
+        log.warning(
+            "store unavailable; intake paused, batch kept",
+            error=str(exc),
+            batch=len(batch.pending) + len(batch.dead),
+            attempt=attempt,
+        )
+
+    def _store_waiting(self, batch: _Batch) -> bool:
+        """Insert a batch whose first insert failed; while PostgreSQL is down, wait paused.
+        False if stopped first."""
+        attempt = 1
         while True:
+            if not self._pause_for(attempt):
+                return False
             try:
-                self.store.insert_batch(pending, dead)
-                if attempt:
-                    log.info("store reachable again; intake resumes", after_attempts=attempt)
-                self.healthy = True
-                self.metrics.scheduled.inc(len(pending))
-                for letter in dead:
-                    self.metrics.invalid.labels(letter.reason_code).inc()
-                    self.metrics.dead_lettered.labels(letter.reason_code).inc()
-                return True
+                self._insert(batch)
             except StoreUnavailable as exc:
                 attempt += 1
-                self.healthy = False
-                self.metrics.store_errors.labels("insert").inc()
-                log.warning(
-                    "store unavailable; intake paused, batch kept",
-                    error=str(exc),
-                    batch=len(pending) + len(dead),
-                    attempt=attempt,
-                )
-                if not self._pause_for(attempt):
-                    return False
+                self._store_failed(exc, batch, attempt)
+                continue
+            log.info("store reachable again; intake resumes", after_attempts=attempt)
+            self._stored(batch)
+            return True
 
     def _pause_for(self, attempt: int) -> bool:
         """Back off (0.2 s doubling to the configured maximum) without reading more

@@ -33,7 +33,7 @@ request_offset, dead_at
 _PENDING_COLUMNS = """
 id, due_ms, destination, dest_partition, msg_key, msg_value, headers, attempt, group_id,
 deadline_ms, original_topic, original_partition, original_offset, request_topic,
-request_partition, request_offset, received_at, lease_until_ms, lease_owner
+request_partition, request_offset, received_at
 """
 
 

@@ -2,16 +2,18 @@
 
 One loop, the whole idea:
 
-1. Claim the due rows nobody holds, in due order, with `FOR UPDATE SKIP LOCKED` and
-   a lease (`Store.claim_due`). Several instances on one database thus share the
-   work, and the rows of an instance that crashed are claimed again once its lease
-   expires.
+1. Claim the due rows nobody holds, in due order, with `FOR UPDATE SKIP LOCKED`
+   (`Store.claim_due`): the rows stay locked in a transaction held open until they
+   are settled. Several instances on one database thus share the work, and the rows
+   of an instance that crashed are free again as soon as its connection drops (or,
+   if it hangs, once PostgreSQL ends its idle transaction after `lease_seconds`).
 2. Produce each to its destination with its original key, its partition when the
    request named one, and its headers exactly as they were received (so the consumer
    sees its attempt count and original coordinates).
-3. Wait for the broker's acknowledgements; only then delete the rows. A crash between
-   acknowledgement and delete delivers a message twice, never zero times.
-4. Sleep until the next due time (or lease expiry) rather than on a poll interval,
+3. Wait for the broker's acknowledgements; only then delete the rows, in the claim's
+   transaction. A crash between acknowledgement and commit delivers a message twice,
+   never zero times.
+4. Sleep until the next due time rather than on a poll interval,
    and be woken early when an earlier request arrives: directly by intake in this
    process, and through PostgreSQL LISTEN/NOTIFY from intakes of other instances.
 
@@ -83,9 +85,10 @@ class Scheduler:
         self.producer = Producer(
             {
                 **kafka_config,
-                "enable.idempotence": True,  # acks=all, ordered, no duplicates from retries
                 "linger.ms": 2,
-                "compression.type": "lz4",
+                **settings.scheduler_kafka,
+                # What the delivery guarantee rests on, which settings may not change:
+                "enable.idempotence": True,  # acks=all, ordered, no duplicates from retries
             }
         )
         self._wakeup = threading.Event()
@@ -141,20 +144,34 @@ class Scheduler:
 
     def _deliver_due(self) -> bool:
         """Claim and deliver one batch of due rows. False if nothing was due."""
-        lease_ms = int(self.settings.lease_seconds * 1000)
-        claimed = self.store.claim_due(
-            now_ms=now_ms(),
-            limit=self.settings.scheduler_batch_size,
-            owner=self.owner,
-            lease_ms=lease_ms,
-        )
-        if not claimed:
-            return False
-        now = now_ms()
-        expired = [r for r in claimed if r.deadline_ms is not None and r.deadline_ms < now]
-        deliverable = [r for r in claimed if r not in expired] if expired else claimed
-        outcome = self._produce(deliverable, timeout_s=lease_ms / 1000 * 0.8)
-        self._settle(outcome, expired)
+        timeout_s = self.settings.lease_seconds * 0.8  # settle before the claim times out
+        outcome: _Outcome | None = None
+        expired: list[ClaimedRetry] = []
+        try:
+            with self.store.claim_due(
+                now_ms=now_ms(), limit=self.settings.scheduler_batch_size
+            ) as claim:
+                if not claim.rows:
+                    return False
+                now = now_ms()
+                expired = [
+                    r for r in claim.rows if r.deadline_ms is not None and r.deadline_ms < now
+                ]
+                deliverable = [r for r in claim.rows if r not in expired] if expired else claim.rows
+                outcome = self._produce(deliverable, timeout_s=timeout_s)
+                delivered, dead, retry = self._settlement(outcome, expired)
+                claim.settle(
+                    delivered=delivered,
+                    dead=dead,
+                    retry=retry,
+                    retry_at_ms=now_ms() + TRANSIENT_RETRY_MS,
+                )
+        except StoreUnavailable:
+            if outcome is None:
+                raise  # nothing was produced: the claim simply did not happen
+            # Produced, but the claim's commit failed: record again, in fresh transactions.
+            self._settle_retrying(*self._settlement(outcome, expired))
+        self._report(outcome, expired)
         return True
 
     def _produce(self, rows: list[ClaimedRetry], timeout_s: float) -> _Outcome:
@@ -205,9 +222,11 @@ class Scheduler:
                     outcome.transient.append((row, None))
         return outcome
 
-    def _settle(self, outcome: _Outcome, expired: list[ClaimedRetry]) -> None:
-        """Record what happened in the store; wait out a store outage, never forget acks."""
-        acked_ids = [r.id for r in outcome.acked]
+    @staticmethod
+    def _settlement(
+        outcome: _Outcome, expired: list[ClaimedRetry]
+    ) -> tuple[list[int], list[tuple[int, str, str]], list[int]]:
+        """(delivered ids, dead letters with their reasons, ids to try again later)."""
         dead = [
             (r.id, "delivery_failed", f"delivery to {r.destination!r} failed for good: {err.str()}")
             for r, err in outcome.permanent
@@ -220,29 +239,40 @@ class Scheduler:
             )
             for r in expired
         ]
-        transient_ids = [r.id for r, _ in outcome.transient]
+        return [r.id for r in outcome.acked], dead, [r.id for r, _ in outcome.transient]
+
+    def _settle_retrying(
+        self, delivered: list[int], dead: list[tuple[int, str, str]], retry: list[int]
+    ) -> None:
+        """Record an outcome whose claim could not commit; wait out a store outage. Until
+        it is recorded the rows are due again, so a delivery may repeat: never be lost."""
         failures = 0
         while True:
             try:
-                self.store.delete(acked_ids)
-                acked_ids = []
+                self.store.delete(delivered)
+                delivered = []
                 self.store.to_dead_letters(dead)
                 dead = []
-                self.store.release(transient_ids, retry_at_ms=now_ms() + TRANSIENT_RETRY_MS)
-                break
+                self.store.release(retry, retry_at_ms=now_ms() + TRANSIENT_RETRY_MS)
+                return
             except StoreUnavailable as exc:
                 failures += 1
                 self.metrics.store_errors.labels("settle").inc()
                 if self.stop.is_set() and failures > 3:
-                    # Leases expire and the rows are delivered again: at-least-once.
                     log.warning(
-                        "stopping with deliveries unrecorded; they will repeat", rows=len(acked_ids)
+                        "stopping with deliveries unrecorded; they will repeat", rows=len(delivered)
                     )
                     return
                 self.stop.wait(min(0.2 * 2**failures, self.settings.store_retry_max_seconds))
                 log.warning("store unavailable while recording deliveries", error=str(exc))
+
+    def _report(self, outcome: _Outcome, expired: list[ClaimedRetry]) -> None:
+        """Metrics and logs of one settled batch."""
+        published: dict[str, int] = {}
         for row in outcome.acked:
-            self.metrics.published.labels(row.destination).inc()
+            published[row.destination] = published.get(row.destination, 0) + 1
+        for destination, count in published.items():
+            self.metrics.published.labels(destination).inc(count)
         for row, err in outcome.permanent:
             self.metrics.dead_lettered.labels("delivery_failed").inc()
             self.metrics.delivery_errors.labels(err.name()).inc()

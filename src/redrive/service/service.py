@@ -11,6 +11,7 @@ With no bootstrap or database URL configured the service uses the local stack
 
 from __future__ import annotations
 
+import functools
 import signal
 import threading
 import time
@@ -93,7 +94,11 @@ class RetryService:
                 "choose another port, or 0 for any free port",
             )
         self.bootstrap, self.database_url = resolve_endpoints(s)
-        self.store = Store(self.database_url, reconnect_max_s=s.store_retry_max_seconds)
+        self.store = Store(
+            self.database_url,
+            reconnect_max_s=s.store_retry_max_seconds,
+            claim_timeout_s=s.lease_seconds,
+        )
         try:
             self.store.open()
         except Exception as exc:  # noqa: BLE001 - any start-up failure reads the same way
@@ -133,7 +138,8 @@ class RetryService:
             self._spawn("notify", lambda: listen(self.database_url, self._wake, self.stop_event))
         if "intake" in s.roles:
             rules = IntakeRules(
-                destination_allowed=s.destination_allowed,
+                # Settings are fixed for the process: each destination is matched once.
+                destination_allowed=functools.lru_cache(maxsize=4096)(s.destination_allowed),
                 partitions_of=metadata.partitions_of,
                 max_delay_ms=int(s.max_delay_days * 86_400_000),
             )

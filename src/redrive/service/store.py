@@ -1,9 +1,10 @@
 """The retry service's PostgreSQL store: pending retries and dead letters.
 
 All SQL of the engine is here. Rows are written by intake (`insert_batch`), claimed
-in due order by schedulers (`claim_due`, with `FOR UPDATE SKIP LOCKED` and a lease so
-that several instances share the work and a crashed instance's rows come back), and
-deleted only once the broker acknowledged them (`delete`).
+in due order by schedulers (`claim_due`: row locks taken with `FOR UPDATE SKIP LOCKED`
+in a transaction held open while the rows are produced, so that several instances
+share the work and a crashed instance's rows come back the moment its connection
+drops), and deleted in that same transaction once the broker acknowledged them.
 
 Every method runs in its own transaction on a pooled connection. When PostgreSQL is
 unreachable the methods raise StoreUnavailable; callers wait and try again, they
@@ -119,7 +120,7 @@ class DeadLetter:
 
 @dataclass(slots=True)  # not frozen: built once per request, on the hot path
 class ClaimedRetry:
-    """A due row a scheduler holds a lease on, ready to be produced."""
+    """A due row a scheduler holds (locked), ready to be produced."""
 
     id: int
     due_ms: int
@@ -160,29 +161,24 @@ VALUES (%s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %
 ON CONFLICT DO NOTHING
 """
 
+# Row locks, not a lease column: locking writes no new row version and touches no
+# index, where a lease UPDATE rewrote every row and all its index entries.
 _CLAIM_DUE = """
-WITH due AS (
-    SELECT id FROM redrive_pending
-    WHERE due_ms <= %(now)s AND (lease_until_ms IS NULL OR lease_until_ms < %(now)s)
-    ORDER BY due_ms, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED)
-UPDATE redrive_pending p SET lease_until_ms = %(lease_until)s, lease_owner = %(owner)s
-FROM due WHERE p.id = due.id
-RETURNING p.id, p.due_ms, p.destination, p.dest_partition, p.msg_key, p.msg_value, p.headers,
-          p.deadline_ms
+SELECT id, due_ms, destination, dest_partition, msg_key, msg_value, headers, deadline_ms
+FROM redrive_pending
+WHERE due_ms <= %(now)s
+ORDER BY due_ms, id
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
 """
 
-# Rows free for the taking, first due first (walks the due index, skipping leased rows).
+# The first row free for the taking (rows another scheduler holds are skipped).
 _NEXT_DUE = """
-SELECT due_ms FROM redrive_pending
-WHERE lease_until_ms IS NULL OR lease_until_ms < %(now)s
-ORDER BY due_ms, id LIMIT 1
+SELECT due_ms FROM redrive_pending ORDER BY due_ms, id LIMIT 1 FOR KEY SHARE SKIP LOCKED
 """
 
-_NEXT_LEASE_EXPIRY = """
-SELECT min(lease_until_ms) FROM redrive_pending
-WHERE lease_until_ms IS NOT NULL AND lease_until_ms >= %(now)s
+_RELEASE = """
+UPDATE redrive_pending SET due_ms = GREATEST(due_ms, %s) WHERE id = ANY(%s)
 """
 
 # Move rows that can never be delivered to the dead letters, in one transaction.
@@ -286,6 +282,50 @@ def _pool(url: str, name: str, max_size: int, timeout_s: float, **kwargs: Any) -
     )
 
 
+def _delete(conn: psycopg.Connection[Any], ids: Sequence[int]) -> None:
+    conn.execute(_DELETE_DELIVERED, (list(ids),))
+
+
+def _to_dead_letters(
+    conn: psycopg.Connection[Any], failures: Sequence[tuple[int, str, str]]
+) -> None:
+    with conn.cursor() as cur:
+        topics = cur.execute(
+            "SELECT destination FROM redrive_pending WHERE id = ANY(%s)",
+            ([i for i, _, _ in failures],),
+        ).fetchall()
+        cur.executemany(
+            _PENDING_TO_DEAD,
+            [{"id": i, "code": code, "reason": reason} for i, code, reason in failures],
+        )
+        for topic, count in _per_topic([t[0] for t in topics]):
+            cur.execute(_COUNT_MINUTE, ("dead_lettered", topic, count))
+
+
+class Claim:
+    """Rows one scheduler holds: locked in its open transaction until the claim ends."""
+
+    def __init__(self, conn: psycopg.Connection[Any], rows: list[ClaimedRetry]) -> None:
+        self._conn = conn
+        self.rows = rows
+
+    def settle(
+        self,
+        *,
+        delivered: Sequence[int],
+        dead: Sequence[tuple[int, str, str]],
+        retry: Sequence[int],
+        retry_at_ms: int,
+    ) -> None:
+        """Record the outcome; it takes effect when the claim's transaction commits."""
+        if delivered:
+            _delete(self._conn, delivered)
+        if dead:
+            _to_dead_letters(self._conn, dead)
+        if retry:
+            self._conn.execute(_RELEASE, (retry_at_ms, list(retry)))
+
+
 class Store:
     """Pooled access to the engine's tables.
 
@@ -295,14 +335,27 @@ class Store:
     and releases. Losing one of those in a database crash only makes a row
     deliverable again: a duplicate delivery, never a lost one. It saves an fsync per
     scheduler step, which is most of a retry's lateness.
+
+    `claim_timeout_s` bounds how long a scheduler may hold claimed rows: PostgreSQL
+    ends a session idle in its claim transaction for longer (a hung instance), which
+    frees the rows for the others.
     """
 
-    def __init__(self, url: str, *, max_connections: int = 6, reconnect_max_s: float = 10.0):
+    def __init__(
+        self,
+        url: str,
+        *,
+        max_connections: int = 6,
+        reconnect_max_s: float = 10.0,
+        claim_timeout_s: float = 30.0,
+    ):
         self.url = url
         self.pool = _pool(url, "redrive-store", max_connections, reconnect_max_s)
-        self.relaxed = _pool(
-            url, "redrive-store-relaxed", 2, reconnect_max_s, options="-c synchronous_commit=off"
+        relaxed = (
+            "-c synchronous_commit=off "
+            f"-c idle_in_transaction_session_timeout={max(int(claim_timeout_s * 1000), 1)}"
         )
+        self.relaxed = _pool(url, "redrive-store-relaxed", 2, reconnect_max_s, options=relaxed)
 
     def open(self, *, wait_s: float = 30.0) -> None:
         """Open the pools, waiting for the database; then bring the schema up to date."""
@@ -359,73 +412,46 @@ class Store:
     def insert_dead_letters(self, dead: Sequence[DeadLetter]) -> None:
         self.insert_batch((), dead)
 
-    def claim_due(
-        self, *, now_ms: int, limit: int, owner: str, lease_ms: int
-    ) -> list[ClaimedRetry]:
-        """Lease up to `limit` due rows nobody holds; returned in due order."""
-        with self._conn(relaxed=True) as conn:
-            rows = conn.execute(
-                _CLAIM_DUE,
-                {"now": now_ms, "limit": limit, "lease_until": now_ms + lease_ms, "owner": owner},
-            ).fetchall()
-        claimed = [
-            ClaimedRetry(
-                id=r[0],
-                due_ms=r[1],
-                destination=r[2],
-                partition=r[3],
-                key=r[4],
-                value=r[5],
-                headers=headers_from_json(r[6]),
-                deadline_ms=r[7],
-            )
-            for r in rows
-        ]
-        claimed.sort(key=lambda c: (c.due_ms, c.id))
-        return claimed
+    @contextmanager
+    def claim_due(self, *, now_ms: int, limit: int) -> Iterator[Claim]:
+        """Lock up to `limit` due rows nobody holds, in due order, for the `with` block.
+
+        The rows stay locked (invisible to other schedulers' claims) until the block
+        ends; what :meth:`Claim.settle` recorded is committed then. An exception, or a
+        crash that drops the connection, rolls back: the rows are due again at once.
+        """
+        with self._conn(relaxed=True) as conn, conn.transaction():
+            rows = conn.execute(_CLAIM_DUE, {"now": now_ms, "limit": limit}, binary=True)
+            claimed = [
+                ClaimedRetry(r[0], r[1], r[2], r[3], r[4], r[5], headers_from_json(r[6]), r[7])
+                for r in rows
+            ]
+            yield Claim(conn, claimed)
 
     def delete(self, ids: Sequence[int]) -> None:
         """Forget rows the broker acknowledged."""
-        if not ids:
-            return
-        with self._conn(relaxed=True) as conn:
-            conn.execute(_DELETE_DELIVERED, (list(ids),))
+        if ids:
+            with self._conn(relaxed=True) as conn:
+                _delete(conn, ids)
 
     def release(self, ids: Sequence[int], *, retry_at_ms: int) -> None:
-        """Give leased rows back (a delivery failed for a passing reason), due again later."""
-        if not ids:
-            return
-        with self._conn(relaxed=True) as conn:
-            conn.execute(
-                "UPDATE redrive_pending SET lease_until_ms = NULL, lease_owner = NULL,"
-                " due_ms = GREATEST(due_ms, %s) WHERE id = ANY(%s)",
-                (retry_at_ms, list(ids)),
-            )
+        """Give rows back (a delivery failed for a passing reason), due again later."""
+        if ids:
+            with self._conn(relaxed=True) as conn:
+                conn.execute(_RELEASE, (retry_at_ms, list(ids)))
 
     def to_dead_letters(self, failures: Sequence[tuple[int, str, str]]) -> None:
         """Move rows that can never be delivered (id, reason code, reason) to dead letters."""
-        if not failures:
-            return
-        with self._conn() as conn, conn.transaction(), conn.cursor() as cur:
-            topics = cur.execute(
-                "SELECT destination FROM redrive_pending WHERE id = ANY(%s)",
-                ([i for i, _, _ in failures],),
-            ).fetchall()
-            cur.executemany(
-                _PENDING_TO_DEAD,
-                [{"id": i, "code": code, "reason": reason} for i, code, reason in failures],
-            )
-            for topic, count in _per_topic([t[0] for t in topics]):
-                cur.execute(_COUNT_MINUTE, ("dead_lettered", topic, count))
+        if failures:
+            with self._conn() as conn, conn.transaction():
+                _to_dead_letters(conn, failures)
 
     def next_wake_ms(self, now_ms: int) -> int | None:
-        """When the scheduler has something to do next: the earliest free due time or
-        lease expiry (a crashed instance's rows), or None if nothing is pending."""
+        """The earliest due time of a row no scheduler holds, or None if there is none.
+        (`now_ms` is unused since claims became row locks; kept for callers.)"""
         with self._conn(relaxed=True) as conn:
-            due = conn.execute(_NEXT_DUE, {"now": now_ms}).fetchone()
-            lease = conn.execute(_NEXT_LEASE_EXPIRY, {"now": now_ms}).fetchone()
-        times = [t[0] for t in (due, lease) if t is not None and t[0] is not None]
-        return min(times) if times else None
+            row = conn.execute(_NEXT_DUE).fetchone()
+        return None if row is None else int(row[0])
 
     def pending_by_destination(self) -> dict[str, int]:
         with self._conn() as conn:

@@ -689,14 +689,12 @@ def create_ui_router(service: RetryService) -> APIRouter:
             rows = [pending_view(r, full=False) for r in found]
         except (ValidationError, FilterError) as exc:
             error = _explain(exc)
-        now_ms = time.time_ns() // 1_000_000
         return ui.render(
             request,
             "pending.html",
             who,
             nav="pending",
             rows=rows,
-            now_ms=now_ms,
             error=error,
             destination=destination,
             group=group,
