@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
         if "pending" in chosen:
             results += _with_pending(stack.bootstrap, stack.database_url, size, limit, workdir)
         if "consumer" in chosen:
-            c = consumer.run(stack.bootstrap, size["consumer"])
+            c = consumer.run(stack.bootstrap, size["consumer"], rounds=1 if args.quick else 3)
             print(f"consumer strategies: {c}")
             for strategy in consumer.STRATEGIES:
                 ratio, noop = c["json"][strategy]["ratio"], c["noop"][strategy]["ratio"]

@@ -571,3 +571,36 @@ def test_a_graceful_stop_commits_so_the_next_instance_gets_nothing_again(
         assert second.wait_for(lambda: len(second.of(b"after")) == 1, 20)
         second.wait_for(lambda: len(second.items) > 1, 1.5)
     assert [c.value for c in second.items] == [b"after"]
+
+
+def test_consumer_kafka_settings_reach_the_consumer_but_never_its_group(
+    bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic("settings", partitions=1)
+    group = a_group()
+    calls = Calls()
+    # A consumer-only tuning (the producer would warn about it) and an attempt to move
+    # the app to another group, which redrive's guarantees do not allow.
+    app = App(
+        bootstrap,
+        group=group,
+        consumer_kafka={"fetch.min.bytes": 65_536, "fetch.wait.max.ms": 20, "group.id": "other"},
+    )
+    app.add_handler(topic, calls.add, strategy="blocking")
+    with running_app(app):
+        produce(bootstrap, topic, [{"key": b"k", "value": b"v"}])
+        assert calls.wait_for(lambda: len(calls.items) == 1, 20)
+    committed = _committed(bootstrap, group, topic)
+    assert committed == 1, "the app consumed and committed as its own group"
+    assert _committed(bootstrap, "other", topic) is None
+
+
+def _committed(bootstrap: str, group: str, topic: str) -> int | None:
+    from confluent_kafka import Consumer
+
+    probe = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        [tp] = probe.committed([TopicPartition(topic, 0)], timeout=10)
+        return tp.offset if tp.offset >= 0 else None
+    finally:
+        probe.close()

@@ -14,11 +14,12 @@ class ConsumerMetrics:
             ["topic", "outcome"],
             registry=self.registry,
         )
-        # A sum rather than a histogram: observing every record would cost more than a
-        # small handler; rate(seconds) / rate(records) gives the mean handler time.
+        # A sum rather than a histogram, timed per batch: observing every record would
+        # cost more than a small handler; rate(seconds) / rate(records) gives the mean
+        # time per record.
         self.handler_seconds = Counter(
             "redrive_consumer_handler_seconds",
-            "Time spent in handlers.",
+            "Time spent handling records (handlers and redrive's work around them).",
             registry=self.registry,
         )
         self.waiting_partitions = Gauge(
