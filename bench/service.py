@@ -103,12 +103,18 @@ def _service(
 
 
 def end_to_end(
-    bootstrap: str, server_url: str, n: int, workdir: Path, instances: int = 1
+    bootstrap: str,
+    server_url: str,
+    n: int,
+    workdir: Path,
+    instances: int = 1,
+    database_url: str | None = None,
 ) -> dict[str, float]:
     """N requests due immediately: produce -> intake -> PostgreSQL -> scheduler -> read,
-    through `instances` service processes sharing one database."""
+    through `instances` service processes sharing one database (a fresh one unless
+    `database_url` is given)."""
     destination = create_topic(bootstrap, "bench-dest", 6)
-    database = fresh_database(server_url)
+    database = database_url or fresh_database(server_url)
     first, requests_topic = _service(bootstrap, database, destination, workdir, "e2e-0")
     services = [first] + [
         ServiceProcess({**first.env, "REDRIVE_HTTP_PORT": "0"}, workdir / f"e2e-{i}.log")
