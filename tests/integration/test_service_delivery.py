@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import time
+import uuid
 from collections.abc import Callable
 
 import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from redrive.headers import decode
 from tests.integration.service_harness import (
     Collector,
+    dead_letters,
     fresh_database,
     now_ms,
     pending_count,
@@ -95,3 +100,40 @@ def test_without_partition_the_key_decides_like_any_producer(
     for d in deliveries:
         partitions_by_key.setdefault(d.key, set()).add(d.partition)
     assert all(len(parts) == 1 for parts in partitions_by_key.values())
+
+
+def test_a_message_its_destination_refuses_for_good_becomes_a_dead_letter(
+    bootstrap: str, database_url: str
+) -> None:
+    # A destination whose messages may not exceed 2 KiB: a 10 KB retry can never be
+    # delivered there, however often it is tried, so it must not stay pending.
+    destination = f"small-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    created = admin.create_topics(
+        [NewTopic(destination, num_partitions=1, config={"max.message.bytes": "2048"})]
+    )
+    created[destination].result(30)
+    db = fresh_database(database_url)
+    settings = settings_for(bootstrap, db, allowed_destinations=[destination])
+    due = now_ms() + 300
+    records = [
+        {"key": b"big", "value": os.urandom(10_000), "headers": request_headers(destination, due)},
+        {"key": b"small", "value": b"fits", "headers": request_headers(destination, due + 1)},
+    ]
+    with running_service(settings):
+        collector = Collector(bootstrap, destination)
+        collector.poll_until(1, 1.0)
+        produce(bootstrap, settings.requests_topic, records)
+        deliveries = collector.poll_until(1, 15.0)
+        deadline = time.monotonic() + 15
+        while not dead_letters(db) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        collector.close()
+    assert [d.key for d in deliveries] == [b"small"], "the small one was delivered"
+    letters = dead_letters(db)
+    assert [(bytes(d["msg_key"]), d["reason_code"], d["source"]) for d in letters] == [
+        (b"big", "delivery_failed", "scheduler")
+    ]
+    assert "too large" in letters[0]["reason"].lower() or "size" in letters[0]["reason"].lower()
+    assert bytes(letters[0]["msg_value"]) == records[0]["value"], "kept whole"
+    assert pending_count(db) == 0, "nothing stays pending, retried forever"

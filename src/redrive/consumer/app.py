@@ -112,8 +112,9 @@ class App:
     ``bootstrap`` defaults to REDRIVE_BOOTSTRAP, else ``localhost:9092``. ``kafka``
     adds librdkafka settings to the consumer and producer alike (security.protocol,
     sasl.*, ssl.*...); ``consumer_kafka`` to the consumer only (fetch sizes, queue
-    depths: the producer would warn about those). ``requests_topic`` is the retry service's (strategy ``service``),
-    by default REDRIVE_REQUESTS_TOPIC, else ``redrive.requests``, as for the service.
+    depths: the producer would warn about those). ``requests_topic`` is the retry
+    service's (strategy ``service``), by default REDRIVE_REQUESTS_TOPIC, else
+    ``redrive.requests``, as for the service.
     """
 
     def __init__(

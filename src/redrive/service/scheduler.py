@@ -55,6 +55,13 @@ _PERMANENT = {
     KafkaError.UNKNOWN_TOPIC_OR_PART,
     KafkaError.TOPIC_EXCEPTION,
 }
+# Of those, the ones a broker returns for a whole batch of records: every message in
+# the batch gets the error, though maybe only one of them is at fault.
+_BATCH_WIDE = {
+    KafkaError.MSG_SIZE_TOO_LARGE,
+    KafkaError.INVALID_RECORD,
+    KafkaError.RECORD_LIST_TOO_LARGE,
+}
 
 
 def now_ms() -> int:
@@ -158,7 +165,7 @@ class Scheduler:
                     r for r in claim.rows if r.deadline_ms is not None and r.deadline_ms < now
                 ]
                 deliverable = [r for r in claim.rows if r not in expired] if expired else claim.rows
-                outcome = self._produce(deliverable, timeout_s=timeout_s)
+                outcome = self._deliver(deliverable, timeout_s=timeout_s)
                 delivered, dead, retry = self._settlement(outcome, expired)
                 claim.settle(
                     delivered=delivered,
@@ -173,6 +180,22 @@ class Scheduler:
             self._settle_retrying(*self._settlement(outcome, expired))
         self._report(outcome, expired)
         return True
+
+    def _deliver(self, rows: list[ClaimedRetry], timeout_s: float) -> _Outcome:
+        """Produce the rows; a row refused with a batch-wide error is produced again on
+        its own, so that one oversized message does not take its batch-mates with it
+        to the dead letters."""
+        outcome = self._produce(rows, timeout_s)
+        suspects = [row for row, err in outcome.permanent if err.code() in _BATCH_WIDE]
+        if len(suspects) < 2:
+            return outcome
+        outcome.permanent = [(r, e) for r, e in outcome.permanent if e.code() not in _BATCH_WIDE]
+        for row in suspects:
+            alone = self._produce([row], timeout_s)
+            outcome.acked += alone.acked
+            outcome.permanent += alone.permanent
+            outcome.transient += alone.transient
+        return outcome
 
     def _produce(self, rows: list[ClaimedRetry], timeout_s: float) -> _Outcome:
         outcome = _Outcome()
