@@ -77,13 +77,26 @@ def main(argv: list[str] | None = None) -> list[Result]:
             Result("1 raw Kafka passthrough", "1.00x (the limit)", "-", None, _round(raw))
         )
         limit = raw["end_to_end_per_s"]
+        ceiling = None
         if "service" in chosen:
+            ceiling = service.relay_ceiling(stack.bootstrap, size["e2e"])
+            print(f"relay ceiling (the Kafka work of benchmark 2 alone): {ceiling}")
+            results.append(
+                Result(
+                    "2 ceiling: Kafka relay",
+                    f"{ceiling['per_s'] / limit:.2f}x of raw Kafka",
+                    "- (no service can pass it)",
+                    None,
+                    _round(ceiling),
+                )
+            )
             for instances in (1, 2):
                 e2e = service.end_to_end(
                     stack.bootstrap, stack.database_url, size["e2e"], workdir, instances=instances
                 )
                 print(f"service end to end, {instances} process(es): {e2e}")
                 ratio = e2e["per_s"] / limit
+                e2e["of_ceiling"] = e2e["per_s"] / ceiling["per_s"]
                 results.append(
                     Result(
                         f"2 service e2e, {instances} proc",

@@ -7,6 +7,7 @@ stack; requests are produced with confluent-kafka and the destination is read ba
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import random
 import re
 import statistics
@@ -14,7 +15,9 @@ import threading
 import time
 import urllib.request
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psycopg
 from confluent_kafka import Consumer, Producer
@@ -102,6 +105,41 @@ def _service(
     return ServiceProcess(env, workdir / f"{name}.log"), requests_topic
 
 
+def _send_and_read_back(
+    bootstrap: str,
+    requests_topic: str,
+    destination: str,
+    n: int,
+    while_waiting: Callable[[], None] = lambda: None,
+) -> tuple[float, float]:
+    """Produce N requests due now, wait until all N are on `destination`; returns
+    (seconds until the last arrived, seconds the producing took), from the first send."""
+    # Read back tuned as the raw benchmark reads (throughput, not latency, is measured).
+    reader = Reader(bootstrap, destination, n, CONSUMER_TUNING)
+    reader.start()
+    reader.ready.wait(30)
+    producer = Producer({"bootstrap.servers": bootstrap, **PRODUCER_TUNING})
+    # Requests are prepared before the clock starts, as the raw benchmark's payload is.
+    requests = _requests(destination, n, [now_ms()] * n)
+    started = time.perf_counter()
+    for key, headers in requests:
+        while True:
+            try:
+                producer.produce(requests_topic, key=key, value=PAYLOAD, headers=headers)
+                break
+            except BufferError:
+                producer.poll(0.01)
+    producer.flush(120)
+    produced_s = time.perf_counter() - started
+    while reader.is_alive() and time.perf_counter() - started < 600:
+        while_waiting()
+        time.sleep(0.05)
+    reader.join(5)
+    if len(reader.lateness) < n:
+        raise RuntimeError(f"only {len(reader.lateness)} of {n} arrived")
+    return reader.last_arrival - started, produced_s
+
+
 def end_to_end(
     bootstrap: str,
     server_url: str,
@@ -124,46 +162,90 @@ def end_to_end(
         for service in services:
             stack.enter_context(service)
         bases = [_http_base(service.log) for service in services]
-        # Read back tuned as the raw benchmark reads (throughput, not latency, is measured).
-        reader = Reader(bootstrap, destination, n, CONSUMER_TUNING)
-        reader.start()
-        reader.ready.wait(30)
-        producer = Producer({"bootstrap.servers": bootstrap, **PRODUCER_TUNING})
-        # Requests are prepared before the clock starts, as the raw benchmark's payload is.
-        requests = _requests(destination, n, [now_ms()] * n)
         started = time.perf_counter()
-        for key, headers in requests:
-            while True:
-                try:
-                    producer.produce(requests_topic, key=key, value=PAYLOAD, headers=headers)
-                    break
-                except BufferError:
-                    producer.poll(0.01)
-        producer.flush(120)
-        produced_at = time.perf_counter()
-        ingested_at = None
-        while reader.is_alive() and time.perf_counter() - started < 600:
+        ingested: list[float] = []
+
+        def watch() -> None:
             if (
-                ingested_at is None
-                and sum(_metric(base, "redrive_requests_scheduled_total") for base in bases) >= n
+                not ingested
+                and sum(_metric(b, "redrive_requests_scheduled_total") for b in bases) >= n
             ):
-                ingested_at = time.perf_counter()
+                ingested.append(time.perf_counter() - started)
             for service in services:
                 service.sample_rss()
-            time.sleep(0.05)
-        reader.join(5)
-        if len(reader.lateness) < n:
-            raise RuntimeError(f"only {len(reader.lateness)} of {n} arrived")
-        done = reader.last_arrival - started
+
+        done, produced_s = _send_and_read_back(bootstrap, requests_topic, destination, n, watch)
     return {
         "n": n,
         "instances": instances,
         "per_s": n / done,
         "seconds": done,
-        "produced_s": produced_at - started,
-        "ingested_s": (ingested_at or reader.last_arrival) - started,
+        "produced_s": produced_s,
+        "ingested_s": ingested[0] if ingested else done,
         "rss_mb": max(service.peak_rss for service in services) / 2**20,
     }
+
+
+def relay_ceiling(bootstrap: str, n: int) -> dict[str, float]:
+    """The ceiling of any retry service on this path and this machine: the Kafka work of
+    benchmark 2 alone. A relay process consumes each request and produces it to its
+    destination (batched, tuned, acknowledged before its offsets are committed), with
+    no classification and no database; the benchmark produces and reads back as in (2)."""
+    requests_topic = create_topic(bootstrap, "bench-relay-requests", 6)
+    destination = create_topic(bootstrap, "bench-relay-dest", 6)
+    context = multiprocessing.get_context("spawn")
+    assigned = context.Event()
+    relay = context.Process(
+        target=_relay, args=(bootstrap, requests_topic, destination, n, assigned), daemon=True
+    )
+    relay.start()
+    try:
+        if not assigned.wait(60):  # in its group before the clock starts, as the service is
+            raise RuntimeError("the relay did not join its group")
+        done, produced_s = _send_and_read_back(bootstrap, requests_topic, destination, n)
+    finally:
+        relay.join(30)
+        if relay.is_alive():
+            relay.terminate()
+    return {"n": n, "per_s": n / done, "seconds": done, "produced_s": produced_s}
+
+
+def _relay(bootstrap: str, source: str, destination: str, n: int, assigned: Any) -> None:
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-relay-{uuid.uuid4().hex[:8]}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            **CONSUMER_TUNING,
+        }
+    )
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 5,
+            "batch.size": 1_000_000,
+            "enable.idempotence": True,
+        }
+    )
+    consumer.subscribe([source], on_assign=lambda consumer, partitions: assigned.set())
+    moved = 0
+    while moved < n:
+        batch = [m for m in consume_available(consumer, 2000, 0.5) if m.error() is None]
+        for msg in batch:
+            while True:
+                try:
+                    producer.produce(
+                        destination, key=msg.key(), value=msg.value(), headers=msg.headers()
+                    )
+                    break
+                except BufferError:
+                    producer.poll(0.01)
+        producer.flush(60)
+        if batch:
+            consumer.commit(asynchronous=True)
+        moved += len(batch)
+    consumer.close()
 
 
 def precision(
