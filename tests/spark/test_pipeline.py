@@ -13,6 +13,7 @@ process, on the real PostgreSQL) and a per-group retry topic instead.
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from collections import Counter
@@ -25,7 +26,14 @@ from pyspark import cloudpickle
 from redrive.headers import Header, decode, describe_error, encode, next_request
 from redrive.policy import policy
 from redrive.service.intake import DEAD_LETTER_REASON_HEADER
-from redrive.spark.pipeline import RecordHandler, Routing, SourceRecord, start_pipeline
+from redrive.spark.pipeline import (
+    RecordHandler,
+    Routing,
+    SourceRecord,
+    handle_batch,
+    start_pipeline,
+    to_arrow,
+)
 from redrive.spark.scheduler import build_scheduler_query
 from redrive.spark.session import spark_session
 from tests.integration.service_harness import (
@@ -321,3 +329,101 @@ def test_record_routing_without_spark() -> None:
 
     with pytest.raises(KeyboardInterrupt):
         RecordHandler(interrupted, policy("1s x3"), routing)(record)
+
+
+def test_a_batch_is_routed_as_record_by_record() -> None:
+    """The executors' batch path (no SourceRecord per record, Arrow converted column by
+    column) gives exactly the rows of RecordHandler called on each record, in order."""
+    import pyarrow as pa
+
+    def flaky(key: bytes | None, value: bytes | None, headers: list[Header], attempt: int) -> Any:
+        text = (value or b"").decode()
+        if text == "none":
+            return None
+        if text == "str":
+            return "not bytes"
+        if text == "fatal" or (text.startswith("fail") and attempt < 3):
+            raise ConnectionError(f"{text} on attempt {attempt}")
+        return json.dumps({"v": text, "attempt": attempt, "headers": len(headers)}).encode()
+
+    def redelivery(attempt: int, group: str, user: list[Header]) -> list[Header]:
+        previous = None
+        for n in range(attempt):
+            previous = next_request(
+                previous,
+                destination="orders",
+                retry_at=999_000 + n,
+                error=ConnectionError(f"attempt {n + 1}"),
+                record_topic="orders",
+                record_partition=0,
+                record_offset=7,
+                record_timestamp=998_000,
+                group=group,
+            )
+        assert previous is not None
+        return encode(previous, user)
+
+    routing = Routing(output_topic="out", group="billing", requests_topic="requests")
+    run = RecordHandler(flaky, policy("1s x3"), routing, clock=lambda: 1_000_000)
+    rows: list[tuple[bytes | None, bytes | None, list[Header] | None]] = [
+        (b"k0", b"ok", None),
+        (b"k1", b"none", None),
+        (None, b"fail-new", None),  # a retry request, attempt 1
+        (b"k3", b"str", []),  # a wrong type: retried like any failure
+        (b"k4", b"ok", [("trace", b"t4"), ("empty", None)]),
+        (b"k5", b"fail-again", redelivery(1, "billing", [("trace", b"t5")])),  # attempt 2
+        (b"k6", b"fail-done", redelivery(2, "billing", [])),  # attempt 3 succeeds
+        (b"k7", b"fatal", redelivery(3, "billing", [])),  # policy spent: a dead letter
+        (b"k8", b"fail-theirs", redelivery(2, "other", [])),  # another group's: attempt 1
+        (b"k9", None, None),
+    ]
+    records = [
+        SourceRecord("orders", n % 2, 100 + n, None if n == 2 else 990_000 + n, k, v, h or [])
+        for n, (k, v, h) in enumerate(rows)
+    ]
+    header = pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])
+    batch = pa.RecordBatch.from_pydict(
+        {
+            "topic": pa.array([r.topic for r in records], pa.string()),
+            "partition": pa.array([r.partition for r in records], pa.int32()),
+            "offset": pa.array([r.offset for r in records], pa.int64()),
+            # Kafka's "no timestamp" is -1: the record's timestamp_ms is None.
+            "timestamp_ms": pa.array([r.timestamp_ms or -1 for r in records], pa.int64()),
+            "key": pa.array([k for k, _, _ in rows], pa.binary()),
+            "value": pa.array([v for _, v, _ in rows], pa.binary()),
+            "headers": pa.array(
+                [None if h is None else [{"key": n, "value": v} for n, v in h] for *_, h in rows],
+                pa.list_(header),
+            ),
+        }
+    )
+
+    def rows_of(out: Any) -> list[dict[str, Any]]:
+        """Output rows, each error trace without its first frame (redrive's own, which
+        differs between the two paths): from the handler's frame on, they must match."""
+        table = out.to_pylist()
+        for row in table:
+            for header in row["headers"]:
+                if header["key"] == "redrive-error-trace":
+                    own = rb'  File "[^"]*/redrive/spark/pipeline\.py".*?(?=  File ")'
+                    header["value"] = re.sub(own, b"", header["value"], count=1, flags=re.S)
+        return table
+
+    expected = to_arrow([out for out in map(run, records) if out is not None])
+    got = handle_batch(run, batch)
+    assert got.schema == expected.schema
+    assert rows_of(got) == rows_of(expected)
+    assert "in handle_batch" not in str(rows_of(got))  # the first frames were cut
+    assert "in handle_batch" in str(got.to_pylist())
+    topics = got.column("topic").to_pylist()
+    assert topics.count("requests") == 5 and topics.count("out") == 4  # all paths covered
+    assert got.column("headers").null_count == 0  # no headers: an empty list, not null
+
+    # The common batch: no record has headers (a null column), nothing fails.
+    ok = batch.filter(pa.array([v in (b"ok", b"none") for _, v, _ in rows]))
+    ok = ok.set_column(6, "headers", pa.nulls(len(ok), pa.list_(header)))
+    got = handle_batch(run, ok)
+    assert got.column("headers").to_pylist() == [[], []]
+    assert got.column("topic").to_pylist() == ["out", "out"]
+    assert got.column("partition").to_pylist() == [None, None]
+    assert handle_batch(run, ok.slice(0, 0)).num_rows == 0
