@@ -113,3 +113,52 @@ class ServiceProcess:
             self.proc.wait(30)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+
+
+class CpuMeter:
+    """Where the machine's CPU went during a run: seconds of CPU used by the broker,
+    PostgreSQL (all its processes), the named processes (services, a relay) and this
+    benchmark process itself. Sampled while the run goes, so a process that ends before
+    the run does still counts; reported per message, in microseconds."""
+
+    def __init__(self, named: dict[int, str]) -> None:
+        self.named = named
+        self.first: dict[int, float] = {}
+        self.last: dict[int, tuple[str, float]] = {}
+
+    def _part(self, proc: psutil.Process) -> str | None:
+        if proc.pid in self.named:
+            return self.named[proc.pid]
+        if proc.pid == os.getpid():
+            return "benchmark"
+        name = proc.info["name"] or ""
+        if name.startswith("postgres"):
+            return "postgres"
+        if "kafka.Kafka" in " ".join(proc.info["cmdline"] or []):
+            return "kafka"
+        return None
+
+    def sample(self) -> None:
+        for proc in psutil.process_iter(["name", "cmdline"]):
+            try:
+                part = self._part(proc)
+                if part is None:
+                    continue
+                times = proc.cpu_times()
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            used = times.user + times.system
+            self.first.setdefault(proc.pid, used)
+            self.last[proc.pid] = (part, used)
+
+    def start(self) -> None:
+        self.first.clear()
+        self.last.clear()
+        self.sample()
+
+    def us_per_message(self, n: int) -> dict[str, float]:
+        self.sample()
+        parts: dict[str, float] = {}
+        for pid, (part, used) in self.last.items():
+            parts[part] = parts.get(part, 0.0) + used - self.first.get(pid, 0.0)
+        return {part: round(seconds / n * 1e6, 1) for part, seconds in sorted(parts.items())}

@@ -22,7 +22,7 @@ from typing import Any
 import psycopg
 from confluent_kafka import Consumer, Producer
 
-from bench.common import ServiceProcess, create_topic, fresh_database, now_ms
+from bench.common import CpuMeter, ServiceProcess, create_topic, fresh_database, now_ms
 from bench.kafka_raw import CONSUMER_TUNING, PRODUCER_TUNING
 from redrive.headers import RetryHeaders, encode
 from redrive.kafka import consume_available
@@ -162,10 +162,14 @@ def end_to_end(
         for service in services:
             stack.enter_context(service)
         bases = [_http_base(service.log) for service in services]
+        assert all(service.proc for service in services)
+        cpu = CpuMeter({service.proc.pid: "service" for service in services if service.proc})
+        cpu.start()
         started = time.perf_counter()
         ingested: list[float] = []
 
         def watch() -> None:
+            cpu.sample()
             if (
                 not ingested
                 and sum(_metric(b, "redrive_requests_scheduled_total") for b in bases) >= n
@@ -183,6 +187,7 @@ def end_to_end(
         "produced_s": produced_s,
         "ingested_s": ingested[0] if ingested else done,
         "rss_mb": max(service.peak_rss for service in services) / 2**20,
+        "cpu_us_per_msg": cpu.us_per_message(n),  # type: ignore[dict-item]
     }
 
 
@@ -199,15 +204,25 @@ def relay_ceiling(bootstrap: str, n: int) -> dict[str, float]:
         target=_relay, args=(bootstrap, requests_topic, destination, n, assigned), daemon=True
     )
     relay.start()
+    cpu = CpuMeter({relay.pid: "relay"} if relay.pid else {})
     try:
         if not assigned.wait(60):  # in its group before the clock starts, as the service is
             raise RuntimeError("the relay did not join its group")
-        done, produced_s = _send_and_read_back(bootstrap, requests_topic, destination, n)
+        cpu.start()
+        done, produced_s = _send_and_read_back(
+            bootstrap, requests_topic, destination, n, cpu.sample
+        )
     finally:
         relay.join(30)
         if relay.is_alive():
             relay.terminate()
-    return {"n": n, "per_s": n / done, "seconds": done, "produced_s": produced_s}
+    return {
+        "n": n,
+        "per_s": n / done,
+        "seconds": done,
+        "produced_s": produced_s,
+        "cpu_us_per_msg": cpu.us_per_message(n),  # type: ignore[dict-item]
+    }
 
 
 def _relay(bootstrap: str, source: str, destination: str, n: int, assigned: Any) -> None:

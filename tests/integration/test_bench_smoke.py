@@ -1,0 +1,56 @@
+"""The benchmarks still run: `python -m bench --quick` at tiny sizes, on its own stack.
+
+This measures nothing (no timing is asserted anywhere in the test suite); it keeps the
+benchmark code from rotting between the runs that record figures in
+docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_every_benchmark_runs_and_reports_its_figures(tmp_path: Path) -> None:
+    out = tmp_path / "results.json"
+    run = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    results = {r["name"]: r for r in json.loads(out.read_text())}
+    expected = [
+        "1 raw Kafka passthrough",
+        "2 ceiling: Kafka relay",
+        "2 service e2e, 1 proc",
+        "2 service e2e, 2 proc",
+        "3 scheduling precision",
+        "4 5,000 pending",
+        "4 e2e, 5,000 pending",
+        *(f"5 consumer {s}" for s in ("blocking", "pause", "topics", "service")),
+        "6 spark pipeline",
+        "6 spark scheduler",
+    ]
+    assert sorted(results) == sorted(expected)
+    # Every message came back (the benchmarks raise otherwise) and was counted.
+    assert results["2 service e2e, 1 proc"]["figures"]["n"] == 1_000
+    assert results["2 service e2e, 1 proc"]["figures"]["per_s"] > 0
+    precision = results["3 scheduling precision"]["figures"]
+    assert precision["n"] == 300
+    assert precision["early"] == 0, "a retry was delivered before it was due"
+    assert results["4 5,000 pending"]["figures"]["early"] == 0
+    assert results["6 spark scheduler"]["figures"]["n"] == 2_000
+    # The table is printed ratio first, then the figures.
+    assert "1.00x (the limit)" in run.stdout
