@@ -65,7 +65,7 @@ def test_two_claims_never_share_a_row_and_settled_rows_are_gone(database_url: st
                     delivered=[r.id for r in second.rows], dead=[], retry=[], retry_at_ms=0
                 )
             # While the first claim is open, nobody can see its rows as next due.
-            assert b.next_wake_ms(now_ms()) is None
+            assert b.next_wake_ms() is None
             first.settle(delivered=[r.id for r in first.rows], dead=[], retry=[], retry_at_ms=0)
         assert _pending_ids(url) == set()
     finally:
@@ -110,7 +110,7 @@ def test_retry_later_and_dead_letters_are_recorded_with_the_claim(database_url: 
                 retry_at_ms=later,
             )
         assert _pending_ids(url) == {three}
-        assert store.next_wake_ms(now_ms()) == later
+        assert store.next_wake_ms() == later
         letters = store.dead_letters()
         assert [(d["reason_code"], d["reason"], d["source"]) for d in letters] == [
             ("delivery_failed", "too large", "scheduler")

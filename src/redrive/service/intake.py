@@ -44,16 +44,11 @@ def now_ms() -> int:
 
 @dataclass
 class _Batch:
-    """One classified batch, and its insert running on the writer thread."""
+    """One classified batch."""
 
     incoming: list[Incoming]
     pending: list[PendingRetry]
     dead: list[DeadLetter]
-    stored: Future[int] | None = None
-
-
-def _done(batch: _Batch) -> bool:
-    return batch.stored is None or batch.stored.done()
 
 
 class Intake:
@@ -100,7 +95,7 @@ class Intake:
         self.consumer.subscribe([self.settings.requests_topic])
         log.info("intake started", topic=self.settings.requests_topic, group=self.settings.group_id)
         writer = ThreadPoolExecutor(1, thread_name_prefix="redrive-intake-store")
-        in_flight: _Batch | None = None
+        in_flight: tuple[_Batch, Future[int]] | None = None  # its insert on the writer
         try:
             while not self.stop.is_set():
                 messages = consume_available(
@@ -111,15 +106,14 @@ class Intake:
                     linger_s=self.settings.intake_linger_ms / 1000,
                 )
                 batch = self._classified(messages) if messages else None
-                if in_flight is not None and (batch is not None or _done(in_flight)):
-                    finished, in_flight = self._finish(in_flight), None
+                if in_flight is not None and (batch is not None or in_flight[1].done()):
+                    finished, in_flight = self._finish(*in_flight), None
                     if not finished:
                         break  # stopping with a batch unstored: nothing after it may commit
                 if batch is not None:
-                    batch.stored = writer.submit(self._insert, batch)
-                    in_flight = batch
+                    in_flight = batch, writer.submit(self._insert, batch)
             if in_flight is not None:
-                self._finish(in_flight)
+                self._finish(*in_flight)
         finally:
             writer.shutdown(wait=True)
             self._commit_last()
@@ -155,12 +149,11 @@ class Intake:
             self.on_scheduled(min(p.due_ms for p in batch.pending))
         return inserted
 
-    def _finish(self, batch: _Batch) -> bool:
+    def _finish(self, batch: _Batch, stored: Future[int]) -> bool:
         """Once the batch's insert ended: retry it while the store is down, then commit.
         False if stopped before the batch was stored."""
-        assert batch.stored is not None
         try:
-            batch.stored.result()
+            stored.result()
             self._stored(batch)
         except StoreUnavailable as exc:
             self._store_failed(exc, batch, attempt=1)

@@ -124,7 +124,7 @@ class Scheduler:
                         failures = 0
                         continue  # there may be more due right now
                     now = now_ms()
-                    next_ms = self.store.next_wake_ms(now)
+                    next_ms = self.store.next_wake_ms()
                     failures = 0
                     self.healthy = True
                 except StoreUnavailable as exc:
@@ -272,11 +272,12 @@ class Scheduler:
         failures = 0
         while True:
             try:
-                self.store.delete(delivered)
-                delivered = []
-                self.store.to_dead_letters(dead)
-                dead = []
-                self.store.release(retry, retry_at_ms=now_ms() + TRANSIENT_RETRY_MS)
+                self.store.settle(
+                    delivered=delivered,
+                    dead=dead,
+                    retry=retry,
+                    retry_at_ms=now_ms() + TRANSIENT_RETRY_MS,
+                )
                 return
             except StoreUnavailable as exc:
                 failures += 1

@@ -282,10 +282,6 @@ def _pool(url: str, name: str, max_size: int, timeout_s: float, **kwargs: Any) -
     )
 
 
-def _delete(conn: psycopg.Connection[Any], ids: Sequence[int]) -> None:
-    conn.execute(_DELETE_DELIVERED, (list(ids),))
-
-
 def _to_dead_letters(
     conn: psycopg.Connection[Any], failures: Sequence[tuple[int, str, str]]
 ) -> None:
@@ -300,6 +296,23 @@ def _to_dead_letters(
         )
         for topic, count in _per_topic([t[0] for t in topics]):
             cur.execute(_COUNT_MINUTE, ("dead_lettered", topic, count))
+
+
+def _settle(
+    conn: psycopg.Connection[Any],
+    delivered: Sequence[int],
+    dead: Sequence[tuple[int, str, str]],
+    retry: Sequence[int],
+    retry_at_ms: int,
+) -> None:
+    """Forget delivered rows, move dead ones to the dead letters, make the rest due
+    again at `retry_at_ms` (a delivery failed for a passing reason)."""
+    if delivered:
+        conn.execute(_DELETE_DELIVERED, (list(delivered),))
+    if dead:
+        _to_dead_letters(conn, dead)
+    if retry:
+        conn.execute(_RELEASE, (retry_at_ms, list(retry)))
 
 
 class Claim:
@@ -318,12 +331,7 @@ class Claim:
         retry_at_ms: int,
     ) -> None:
         """Record the outcome; it takes effect when the claim's transaction commits."""
-        if delivered:
-            _delete(self._conn, delivered)
-        if dead:
-            _to_dead_letters(self._conn, dead)
-        if retry:
-            self._conn.execute(_RELEASE, (retry_at_ms, list(retry)))
+        _settle(self._conn, delivered, dead, retry, retry_at_ms)
 
 
 class Store:
@@ -428,17 +436,18 @@ class Store:
             ]
             yield Claim(conn, claimed)
 
-    def delete(self, ids: Sequence[int]) -> None:
-        """Forget rows the broker acknowledged."""
-        if ids:
-            with self._conn(relaxed=True) as conn:
-                _delete(conn, ids)
-
-    def release(self, ids: Sequence[int], *, retry_at_ms: int) -> None:
-        """Give rows back (a delivery failed for a passing reason), due again later."""
-        if ids:
-            with self._conn(relaxed=True) as conn:
-                conn.execute(_RELEASE, (retry_at_ms, list(ids)))
+    def settle(
+        self,
+        *,
+        delivered: Sequence[int],
+        dead: Sequence[tuple[int, str, str]],
+        retry: Sequence[int],
+        retry_at_ms: int,
+    ) -> None:
+        """:meth:`Claim.settle` without a claim, in a transaction of its own: for an
+        outcome whose claim could not commit (rows already gone are skipped)."""
+        with self._conn(relaxed=True) as conn, conn.transaction():
+            _settle(conn, delivered, dead, retry, retry_at_ms)
 
     def to_dead_letters(self, failures: Sequence[tuple[int, str, str]]) -> None:
         """Move rows that can never be delivered (id, reason code, reason) to dead letters."""
@@ -446,9 +455,8 @@ class Store:
             with self._conn() as conn, conn.transaction():
                 _to_dead_letters(conn, failures)
 
-    def next_wake_ms(self, now_ms: int) -> int | None:
-        """The earliest due time of a row no scheduler holds, or None if there is none.
-        (`now_ms` is unused since claims became row locks; kept for callers.)"""
+    def next_wake_ms(self) -> int | None:
+        """The earliest due time of a row no scheduler holds, or None if there is none."""
         with self._conn(relaxed=True) as conn:
             row = conn.execute(_NEXT_DUE).fetchone()
         return None if row is None else int(row[0])
