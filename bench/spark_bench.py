@@ -13,7 +13,7 @@ PySpark 4.0 sends a null Arrow list column to Python in time quadratic in the ba
 length (about 1.3 s of this run); `with_retries` turns null headers into empty arrays,
 which cost nothing. The peer the goal is judged against does the same (`coalesce`), so
 the ratio is redrive's own cost; the plain job shipping headers as the connector gives
-them is measured too, for context. Each is forced with Spark's `noop` sink; three
+them is measured too, for context. Each is forced with Spark's `noop` sink; five
 interleaved rounds after a warm-up, best time of each. Goal: redrive at most 10% slower.
 
 The Spark scheduler: N retry requests, all due at once (1 KiB values, the header
@@ -123,7 +123,7 @@ def pipeline(spark: Any, bootstrap: str, n: int) -> Result:
 
         time_plain(True)
         time_redrive()  # warm-up: Python workers, JIT of the plan
-        rounds = [(time_plain(True), time_plain(False), time_redrive()) for _ in range(3)]
+        rounds = [(time_plain(True), time_plain(False), time_redrive()) for _ in range(5)]
         plain_s, as_is_s, redrive_s = (min(times) for times in zip(*rounds, strict=True))
     finally:
         source.unpersist()  # free the executor memory before the streaming part

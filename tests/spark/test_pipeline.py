@@ -427,3 +427,17 @@ def test_a_batch_is_routed_as_record_by_record() -> None:
     assert got.column("topic").to_pylist() == ["out", "out"]
     assert got.column("partition").to_pylist() == [None, None]
     assert handle_batch(run, ok.slice(0, 0)).num_rows == 0
+
+    # Every record gives a value (one with user headers, one redelivered): the output
+    # is built from whole columns, and must still be what each record gives.
+    done = [n for n, (_, v, _) in enumerate(rows) if v in (b"ok", b"fail-done")]
+    all_ok = batch.take(pa.array(done))
+    expected = to_arrow([out for n in done if (out := run(records[n])) is not None])
+    got = handle_batch(run, all_ok)
+    assert rows_of(got) == rows_of(expected)
+    assert [r["headers"] for r in got.to_pylist()] == [
+        [],
+        [{"key": "trace", "value": b"t4"}, {"key": "empty", "value": None}],
+        [],
+    ]
+    assert got.column("key").to_pylist() == [b"k0", b"k4", b"k6"]

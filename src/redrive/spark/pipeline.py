@@ -454,31 +454,64 @@ def handle_batch(record_handler: RecordHandler, batch: pa.RecordBatch) -> pa.Rec
 
     The outcome is what calling ``record_handler`` on each record gives, in the same
     order, but the success path stays lean: only key, value and headers are converted
-    from Arrow, and a :class:`SourceRecord` is built only for a record that failed.
+    from Arrow, a :class:`SourceRecord` is built only for a record that failed, and
+    when every record gave a value (the usual batch) the output is assembled from
+    whole columns, the input's keys passed through as they are.
     """
     keys = batch.column("key").to_pylist()
     values = batch.column("value").to_pylist()
     headers = _header_lists(batch.column("headers"))
     coordinates = _Coordinates(batch)
-    handler, output_topic = record_handler.handler, record_handler.routing.output_topic
-    out = _Output()
+    handler = record_handler.handler
+    results: list[bytes | None] = []
+    user_headers_of: list[list[Header]] = []
+    routed: dict[int, OutputRecord] = {}  # row -> its retry request or dead letter
     for row, (key, value) in enumerate(zip(keys, values, strict=True)):
-        record_headers = headers[row] if headers is not None else []
+        record_headers = headers[row] if headers is not None else None
         if record_headers:
             delivery, user_headers, attempt = record_handler.delivery(record_headers)
         else:  # the common case, without a call: a first delivery, no headers
             delivery, user_headers, attempt = None, [], 1
         try:
-            result = _as_output_value(handler(key, value, user_headers, attempt))
+            result = handler(key, value, user_headers, attempt)
+            if result is not None and type(result) is not bytes:
+                result = _as_output_value(result)
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as error:  # noqa: BLE001 - every failure of one record is routed
-            record = coordinates.record(row, key, value, record_headers)
-            out.add_record(record_handler.failed(record, delivery, user_headers, attempt, error))
-            continue
+            record = coordinates.record(row, key, value, record_headers or [])
+            routed[row] = record_handler.failed(record, delivery, user_headers, attempt, error)
+            result = None
+        results.append(result)
+        user_headers_of.append(user_headers)
+    output_topic = record_handler.routing.output_topic
+    if not routed and None not in results:
+        return _all_handled(output_topic, batch.column("key"), results, user_headers_of)
+    out = _Output()
+    for row, result in enumerate(results):
         if result is not None:
-            out.add(output_topic, key, result, user_headers)
+            out.add(output_topic, keys[row], result, user_headers_of[row])
+        elif row in routed:
+            out.add_record(routed[row])
     return out.to_arrow()
+
+
+def _all_handled(
+    output_topic: str, keys: pa.Array, results: list[bytes | None], headers: list[list[Header]]
+) -> pa.RecordBatch:
+    """The output of a batch whose every record gave a value, built column-wise."""
+    import pyarrow as pa
+
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.repeat(pa.scalar(output_topic, pa.string()), len(results)),
+            keys,
+            pa.array(results, pa.binary()),
+            _header_array(headers),
+            pa.nulls(len(results), pa.int32()),
+        ],
+        schema=_arrow_schema(),
+    )
 
 
 def handle_batches(
