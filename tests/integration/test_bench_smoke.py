@@ -34,6 +34,7 @@ def test_every_benchmark_runs_and_reports_its_figures(tmp_path: Path) -> None:
     expected = [
         "1 raw Kafka passthrough",
         "2 ceiling: Kafka relay",
+        "2 ceiling: relay through PostgreSQL",
         "2 service e2e, 1 proc",
         "2 service e2e, 2 proc",
         "3 scheduling precision",
@@ -47,6 +48,7 @@ def test_every_benchmark_runs_and_reports_its_figures(tmp_path: Path) -> None:
     # Every message came back (the benchmarks raise otherwise) and was counted.
     assert results["2 service e2e, 1 proc"]["figures"]["n"] == 1_000
     assert results["2 service e2e, 1 proc"]["figures"]["per_s"] > 0
+    assert results["2 ceiling: relay through PostgreSQL"]["figures"]["n"] == 1_000
     precision = results["3 scheduling precision"]["figures"]
     assert precision["n"] == 300
     assert precision["early"] == 0, "a retry was delivered before it was due"
