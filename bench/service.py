@@ -203,7 +203,8 @@ def relay_ceiling(bootstrap: str, n: int, database_url: str | None = None) -> di
     With `database_url`, the ceiling of any service that stores its retries in
     PostgreSQL: the relay goes through the database as leanly as it can. One process
     copies each consumed batch into a table with the two indexes any scheduler needs
-    (its key and due order), commits durably, then commits its offsets; another takes
+    (its key and due order) with a binary COPY, commits durably, then commits its
+    offsets; another takes
     the due rows out (`DELETE ... RETURNING`, row-locked, `SKIP LOCKED`), produces them
     and commits the delete once the broker acknowledged them. No validation, no
     idempotence, no statistics, headers stored as `marshal` bytes: the least that
@@ -336,9 +337,10 @@ def _relay_into_store(
                 conn.cursor() as cur,
                 cur.copy(
                     "COPY relay_pending (due_ms, destination, msg_key, msg_value, headers)"
-                    " FROM STDIN"
+                    " FROM STDIN (FORMAT BINARY)"
                 ) as copy,
             ):
+                copy.set_types(["int8", "text", "bytea", "bytea", "bytea"])
                 for msg in batch:
                     headers = msg.headers() or []
                     fields: dict[str, Any] = dict(headers)
@@ -363,7 +365,7 @@ def _relay_out_of_store(bootstrap: str, database_url: str, n: int) -> None:
     # Not waiting for the WAL flush of a delete, as the service's scheduler does not.
     with psycopg.connect(database_url, options="-c synchronous_commit=off") as conn:
         while moved < n:
-            rows = conn.execute(_RELAY_TAKE_DUE, (now_ms(),)).fetchall()
+            rows = conn.execute(_RELAY_TAKE_DUE, (now_ms(),), binary=True).fetchall()
             _produce_all(producer, [(d, k, v, marshal.loads(h)) for d, k, v, h in rows])
             conn.commit()  # the rows are gone once the broker has them
             moved += len(rows)

@@ -55,8 +55,8 @@ from redrive.service.store import (
     DeadLetter,
     PendingRetry,
     RequestCoordinates,
+    headers_as_json,
     headers_from_json,
-    headers_to_json,
 )
 from redrive.spark.pipeline import OUTPUT_SCHEMA, OutputRecord
 from redrive.spark.session import ROCKSDB_PROVIDER
@@ -121,7 +121,7 @@ class PendingMessage:
                 "partition": self.partition,
                 "key": b64(self.key),
                 "value": b64(self.value),
-                "headers": json.loads(headers_to_json(self.headers)),
+                "headers": headers_as_json(self.headers),
                 "deadline": self.deadline_ms,
                 "request": list(self.request),
             },
