@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import doctest
 import pickle
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import fields, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -297,6 +298,134 @@ def test_decode_raises_only_header_errors(headers: list[tuple[str, bytes | None]
 def test_lenient_reader_never_raises(headers: list[tuple[str, bytes | None]]) -> None:
     result = read_delivery_headers(headers)
     assert result is None or isinstance(result, RetryHeaders)
+
+
+# ---------------------------------------------------------------- decode's fast path
+# decode() reads a well-formed list of (str, bytes) tuples in one pass and leaves
+# everything else to _decode_checked, the careful reader; it must answer exactly as that
+# reader does (same result and field types, same error and the same first error).
+
+
+class _Str(str):
+    pass
+
+
+class _Bytes(bytes):
+    pass
+
+
+def _ints(low: int, high: int) -> tuple[st.SearchStrategy[bytes], st.SearchStrategy[bytes]]:
+    valid = st.integers(low, high).map(lambda i: str(i).encode())
+    bounds = st.sampled_from([low - 1, low, high, high + 1]).map(lambda i: str(i).encode())
+    edges = st.sampled_from(
+        [b"0", b"1", b"007", b"0" * 1023 + b"1", b"0" * 1024 + b"1", b"", b"-1", b"+1", b" 1"]
+        + [b"1_0", b"1.0", "\u0663".encode(), "\u00b2".encode(), "\uff11".encode()]
+        + [str(n).encode() for n in (H.MAX_INT32 + 1, H.MAX_INT64 + 1)]
+    )
+    digits = st.text("0123456789-+ _\u0663\u00b2", max_size=22).map(str.encode)
+    return valid, bounds | bounds | edges | digits
+
+
+_TOPIC_VALUES = (
+    topics.map(str.encode),
+    st.sampled_from([b"", b".", b"..", b"...", b"a" * 250, b"a b", b"t\n", "t\u00e9".encode()]),
+)
+_TEXT_VALUES = (
+    st.text(st.characters(exclude_categories=["Cs"]), min_size=1, max_size=30).map(str.encode),
+    st.sampled_from([b"", b"\xff", b"\xed\xa0\x80", b"a" * 1025, b"a" * 8192, b"a" * 8193])
+    | st.sampled_from([b"a" * 1024, "\u00e9".encode() * 512, "\u00e9".encode() * 513])
+    | st.binary(max_size=30)
+    | st.text(max_size=30).map(lambda t: t.encode("utf-8", "surrogatepass")),
+)
+# header -> (valid values, doubtful values)
+_RAW_VALUES: dict[str, tuple[st.SearchStrategy[bytes], st.SearchStrategy[bytes]]] = {
+    H.DESTINATION: _TOPIC_VALUES,
+    H.ORIGINAL_TOPIC: _TOPIC_VALUES,
+    H.SEND_TO: (
+        st.sampled_from([b"retry", b"dlq"]),
+        st.sampled_from([b"RETRY", b"retry ", b"", b"dl", b"dlq\x00"]),
+    ),
+    H.RETRY_AT: _ints(0, H.MAX_INT64),
+    H.DEADLINE: _ints(0, H.MAX_INT64),
+    H.ORIGINAL_OFFSET: _ints(0, H.MAX_INT64),
+    H.ORIGINAL_TIMESTAMP: _ints(0, H.MAX_INT64),
+    H.PARTITION: _ints(0, H.MAX_INT32),
+    H.ORIGINAL_PARTITION: _ints(0, H.MAX_INT32),
+    H.ATTEMPT: _ints(1, H.MAX_INT32),
+}
+_odd_values = st.sampled_from([None, bytearray(b"1"), memoryview(b"orders"), "orders", 7])
+_odd_items = st.one_of(
+    st.tuples(st.sampled_from(H.ALL_HEADERS), st.sampled_from([b"1", b"orders", b"retry"])),
+    st.tuples(st.sampled_from(H.ALL_HEADERS), _odd_values | st.just(_Bytes(b"1"))),
+    st.sampled_from(
+        [
+            ("redrive-x", b"1"),
+            ("redrive-", b""),
+            ("Redrive-attempt", b"2"),
+            (_Str(H.ATTEMPT), b"2"),
+            (_Str("k"), b"v"),
+            ("k", "not bytes"),
+            ("a",),
+            ("a", b"1", b"2"),
+            [H.ATTEMPT, b"2"],
+            ["k", b"v"],
+            (b"redrive-attempt", b"2"),
+            "ab",
+            None,
+        ]
+    ),
+)
+
+
+@st.composite
+def near_requests(draw: st.DrawFn) -> list[Any]:
+    """Header lists around a retry request: often valid, else wrong in a few ways."""
+    chosen = draw(st.sets(st.sampled_from(H.ALL_HEADERS)))
+    if draw(st.integers(0, 9)):  # usually with the required headers
+        chosen |= set(H.REQUIRED_HEADERS)
+    headers = sorted(chosen)
+    doubtful = draw(st.sets(st.sampled_from(headers), max_size=2)) if headers else set()
+    items: list[Any] = []
+    for header in headers:
+        good, bad = _RAW_VALUES.get(header, _TEXT_VALUES)
+        items.append((header, draw(bad if header in doubtful else good)))
+    items += draw(st.lists(st.tuples(user_names, st.none() | st.binary(max_size=8)), max_size=3))
+    items += draw(st.lists(_odd_items, max_size=1))
+    return draw(st.permutations(items))
+
+
+def _outcome(
+    read: Callable[[Any], tuple[RetryHeaders, list[Any]]], headers: Any
+) -> tuple[object, ...]:
+    try:
+        request, user = read(headers)
+    except HeaderError as error:
+        return ("error", error.header, error.problem)
+    values = [getattr(request, f.name) for f in fields(request)]
+    return ("ok", [(type(v), v) for v in values], [(type(h), h) for h in user])
+
+
+@settings(max_examples=1000, deadline=None)
+@given(near_requests())
+def test_decode_answers_as_the_careful_reader(headers: list[Any]) -> None:
+    expected = _outcome(H._decode_checked, headers)
+    assert _outcome(decode, headers) == expected
+    well_formed = all(
+        type(item) is tuple
+        and len(item) == 2
+        and type(item[0]) is str
+        and (type(item[1]) is bytes or not item[0].startswith(H.REDRIVE_PREFIX))
+        for item in headers
+    )
+    if well_formed and expected[0] == "ok":
+        assert H._decode_fast(headers) is not None  # a valid request takes the fast path
+
+
+@pytest.mark.parametrize("header", sorted(H._INT_HEADERS))
+def test_decode_bounds_integers_as_the_careful_reader(header: str) -> None:
+    for number in (-1, 0, 1, H.MAX_INT32, H.MAX_INT32 + 1, H.MAX_INT64, H.MAX_INT64 + 1):
+        headers = [*(pair for pair in REQUIRED if pair[0] != header), (header, b"%d" % number)]
+        assert _outcome(decode, headers) == _outcome(H._decode_checked, headers)
 
 
 # ---------------------------------------------------------------- caps
