@@ -111,10 +111,12 @@ def _send_and_read_back(
     requests_topic: str,
     destination: str,
     n: int,
+    cpu: CpuMeter,
     while_waiting: Callable[[], None] = lambda: None,
-) -> tuple[float, float]:
+) -> tuple[float, float, dict[str, float]]:
     """Produce N requests due now, wait until all N are on `destination`; returns
-    (seconds until the last arrived, seconds the producing took), from the first send."""
+    (seconds until the last arrived, seconds the producing took), from the first send,
+    and the CPU per message of each part over that same time."""
     # Read back tuned as the raw benchmark reads (throughput, not latency, is measured).
     reader = Reader(bootstrap, destination, n, CONSUMER_TUNING)
     reader.start()
@@ -122,6 +124,7 @@ def _send_and_read_back(
     producer = Producer({"bootstrap.servers": bootstrap, **PRODUCER_TUNING})
     # Requests are prepared before the clock starts, as the raw benchmark's payload is.
     requests = _requests(destination, n, [now_ms()] * n)
+    cpu.start()
     started = time.perf_counter()
     for key, headers in requests:
         while True:
@@ -135,10 +138,11 @@ def _send_and_read_back(
     while reader.is_alive() and time.perf_counter() - started < 600:
         while_waiting()
         time.sleep(0.05)
+    cpu_us = cpu.us_per_message(n)
     reader.join(5)
     if len(reader.lateness) < n:
         raise RuntimeError(f"only {len(reader.lateness)} of {n} arrived")
-    return reader.last_arrival - started, produced_s
+    return reader.last_arrival - started, produced_s, cpu_us
 
 
 def end_to_end(
@@ -165,7 +169,6 @@ def end_to_end(
         bases = [_http_base(service.log) for service in services]
         assert all(service.proc for service in services)
         cpu = CpuMeter({service.proc.pid: "service" for service in services if service.proc})
-        cpu.start()
         started = time.perf_counter()
         ingested: list[float] = []
 
@@ -180,8 +183,9 @@ def end_to_end(
             for service in services:
                 service.sample_rss()
 
-        done, produced_s = _send_and_read_back(bootstrap, requests_topic, destination, n, watch)
-        cpu_us = cpu.us_per_message(n)
+        done, produced_s, cpu_us = _send_and_read_back(
+            bootstrap, requests_topic, destination, n, cpu, watch
+        )
     return {
         "n": n,
         "instances": instances,
@@ -236,9 +240,9 @@ def relay_ceiling(bootstrap: str, n: int, database_url: str | None = None) -> di
     try:
         if not assigned.wait(60):  # in its group before the clock starts, as the service is
             raise RuntimeError("the relay did not join its group")
-        cpu.start()
-        done, produced_s = _send_and_read_back(bootstrap, requests_topic, destination, n)
-        cpu_us = cpu.us_per_message(n)
+        done, produced_s, cpu_us = _send_and_read_back(
+            bootstrap, requests_topic, destination, n, cpu
+        )
     finally:
         for worker in workers:
             worker.join(30)
