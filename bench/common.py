@@ -4,6 +4,7 @@ and the result table (ratio first, then the absolute figures)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -52,14 +53,20 @@ def print_table(results: list[Result]) -> None:
 
 @contextmanager
 def private_stack() -> Iterator[StackStatus]:
-    """A broker and database of the benchmark's own, on free ports, stopped afterwards
-    (REDRIVE_BENCH_STATE_DIR reuses a folder between runs)."""
-    root = os.environ.get("REDRIVE_BENCH_STATE_DIR") or tempfile.mkdtemp(prefix="redrive-bench-")
+    """A broker and database of the benchmark's own, on free ports, stopped and deleted
+    afterwards: a full run writes gigabytes of topic data. (REDRIVE_BENCH_STATE_DIR
+    names a folder to use instead, which is kept.)"""
+    kept = os.environ.get("REDRIVE_BENCH_STATE_DIR")
+    root = kept or tempfile.mkdtemp(prefix="redrive-bench-")
     stack = LocalStack(Path(root))
     try:
         yield stack.up(kafka_port=0, postgres_port=0, quiet=True)
     finally:
-        stack.down()
+        try:
+            stack.down()
+        finally:
+            if not kept:
+                shutil.rmtree(root, ignore_errors=True)
 
 
 def create_topic(bootstrap: str, prefix: str, partitions: int) -> str:
