@@ -36,6 +36,9 @@ from redrive.service.topics import MetadataUnavailable
 log = structlog.get_logger("redrive.intake")
 
 DEAD_LETTER_REASON_HEADER = "redrive-dead-letter-reason"
+# How long a revocation waits for the batch being stored, to commit it before the
+# partitions go (an insert takes well under a second; the group waits for us longer).
+REVOKE_WAIT_S = 10.0
 
 
 def now_ms() -> int:
@@ -89,30 +92,35 @@ class Intake:
         )
         self.healthy = True
         self._uncommitted: dict[tuple[str, int], int] = {}
+        # The batch whose insert runs on the writer thread, until it is finished.
+        self._in_flight: tuple[_Batch, Future[int]] | None = None
 
     def run(self) -> None:
         """Consume until `stop` is set; then close the consumer (leaving the group)."""
-        self.consumer.subscribe([self.settings.requests_topic])
+        self.consumer.subscribe(
+            [self.settings.requests_topic], on_revoke=self._on_revoke, on_lost=self._on_lost
+        )
         log.info("intake started", topic=self.settings.requests_topic, group=self.settings.group_id)
         writer = ThreadPoolExecutor(1, thread_name_prefix="redrive-intake-store")
-        in_flight: tuple[_Batch, Future[int]] | None = None  # its insert on the writer
         try:
             while not self.stop.is_set():
                 messages = consume_available(
                     self.consumer,
                     self.settings.intake_batch_size,
                     # While a batch is being stored, come back soon to commit it.
-                    0.2 if in_flight is None else 0.01,
+                    0.2 if self._in_flight is None else 0.01,
                     linger_s=self.settings.intake_linger_ms / 1000,
                 )
                 batch = self._classified(messages) if messages else None
+                in_flight = self._in_flight
                 if in_flight is not None and (batch is not None or in_flight[1].done()):
-                    finished, in_flight = self._finish(*in_flight), None
-                    if not finished:
+                    self._in_flight = None
+                    if not self._finish(*in_flight):
                         break  # stopping with a batch unstored: nothing after it may commit
                 if batch is not None:
-                    in_flight = batch, writer.submit(self._insert, batch)
-            if in_flight is not None:
+                    self._in_flight = batch, writer.submit(self._insert, batch)
+            if self._in_flight is not None:
+                in_flight, self._in_flight = self._in_flight, None
                 self._finish(*in_flight)
         finally:
             writer.shutdown(wait=True)
@@ -122,6 +130,37 @@ class Intake:
                 self.mirror.flush(10)
                 self.mirror.close()
             log.info("intake stopped")
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Partitions leave this instance: first commit the offsets of every stored
+        batch, waiting a little for the one being stored. Otherwise the next owner reads
+        those requests again, and any already delivered would be delivered twice (a
+        pending one is skipped by the unique index, a delivered one is gone from it)."""
+        if self._in_flight is not None:
+            batch, stored = self._in_flight
+            try:
+                failed = stored.exception(timeout=REVOKE_WAIT_S) is not None
+            except TimeoutError:
+                failed = True
+            if not failed:  # else the loop deals with it; the next owner reads it again
+                self._in_flight = None
+                self._finish(batch, stored)
+        self._commit_last()
+        self._hand_over(partitions)
+        log.info("partitions revoked", partitions=[f"{p.topic}[{p.partition}]" for p in partitions])
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._hand_over(partitions)
+        log.warning(
+            "partitions lost; their uncommitted requests will be read again by their next owner",
+            partitions=[f"{p.topic}[{p.partition}]" for p in partitions],
+        )
+
+    def _hand_over(self, partitions: list[TopicPartition]) -> None:
+        """Forget the positions of partitions this instance no longer owns: committing
+        them later could move the next owner's committed offset back."""
+        for tp in partitions:
+            self._uncommitted.pop((tp.topic, tp.partition), None)
 
     def _classified(self, messages: Sequence[Message]) -> _Batch | None:
         """The batch's requests, each a pending retry or a dead letter; None if empty (or
@@ -263,7 +302,11 @@ class Intake:
         for item in incoming:
             key = (item.topic, item.partition)
             highest[key] = max(highest.get(key, -1), item.offset)
-        offsets = [TopicPartition(t, p, o + 1) for (t, p), o in highest.items()]
+        # A partition revoked while its batch was stored is the next owner's to commit.
+        owned = {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
+        offsets = [TopicPartition(t, p, o + 1) for (t, p), o in highest.items() if (t, p) in owned]
+        if not offsets:
+            return
         self._uncommitted.update({(tp.topic, tp.partition): tp.offset for tp in offsets})
         try:
             self.consumer.commit(offsets=offsets, asynchronous=True)
