@@ -123,17 +123,12 @@ def _send_and_read_back(
     reader.ready.wait(30)
     producer = Producer({"bootstrap.servers": bootstrap, **PRODUCER_TUNING})
     # Requests are prepared before the clock starts, as the raw benchmark's payload is.
-    requests = _requests(destination, n, [now_ms()] * n)
+    requests = [
+        (requests_topic, key, PAYLOAD, h) for key, h in _requests(destination, n, [now_ms()] * n)
+    ]
     cpu.start()
     started = time.perf_counter()
-    for key, headers in requests:
-        while True:
-            try:
-                producer.produce(requests_topic, key=key, value=PAYLOAD, headers=headers)
-                break
-            except BufferError:
-                producer.poll(0.01)
-    producer.flush(120)
+    _produce_all(producer, requests)
     produced_s = time.perf_counter() - started
     while reader.is_alive() and time.perf_counter() - started < 600:
         while_waiting()
@@ -291,7 +286,7 @@ def _produce_all(producer: Producer, messages: list[tuple[str, Any, Any, Any]]) 
                 break
             except BufferError:
                 producer.poll(0.01)
-    producer.flush(60)
+    producer.flush(120)
 
 
 def _relay(bootstrap: str, source: str, destination: str, n: int, assigned: Any) -> None:
