@@ -72,26 +72,18 @@ def main(argv: list[str] | None = None) -> list[Result]:
     workdir = Path(tempfile.mkdtemp(prefix="redrive-bench-logs-"))
     print(f"machine: {machine()}")
     with private_stack() as stack:
-        raw = kafka_raw.run(stack.bootstrap, size["raw"], rounds=1 if args.quick else 3)
+        # The limit is the best of its rounds; so is everything measured against it.
+        rounds = 1 if args.quick else 3
+        raw = kafka_raw.run(stack.bootstrap, size["raw"], rounds=rounds)
         print(f"raw kafka: {raw}")
         results.append(
             Result("1 raw Kafka passthrough", "1.00x (the limit)", "-", None, _round(raw))
         )
         limit = raw["end_to_end_per_s"]
-        # The limit is the best of its rounds; so is everything measured against it.
-        rounds = 1 if args.quick else 3
         if "service" in chosen:
             ceiling = _best(rounds, lambda: service.relay_ceiling(stack.bootstrap, size["e2e"]))
             print(f"relay ceiling (the Kafka work of benchmark 2 alone): {ceiling}")
-            results.append(
-                Result(
-                    "2 ceiling: Kafka relay",
-                    f"{ceiling['per_s'] / limit:.2f}x of raw Kafka",
-                    "- (no service can pass it)",
-                    None,
-                    _round(ceiling),
-                )
-            )
+            results.append(_ceiling("Kafka relay", ceiling, limit, "no service can pass it"))
             stored = _best(
                 rounds,
                 lambda: service.relay_ceiling(
@@ -101,12 +93,11 @@ def main(argv: list[str] | None = None) -> list[Result]:
             print(f"relay through PostgreSQL (the least a stored retry costs): {stored}")
             stored["of_ceiling"] = stored["per_s"] / ceiling["per_s"]
             results.append(
-                Result(
-                    "2 ceiling: relay through PostgreSQL",
-                    f"{stored['per_s'] / limit:.2f}x of raw Kafka",
-                    "- (no service storing retries can pass it)",
-                    None,
-                    _round(stored),
+                _ceiling(
+                    "relay through PostgreSQL",
+                    stored,
+                    limit,
+                    "no service storing retries can pass it",
                 )
             )
             for instances in (1, 2):
@@ -154,7 +145,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
         if "pending" in chosen:
             results += _with_pending(stack.bootstrap, stack.database_url, size, limit, workdir)
         if "consumer" in chosen:
-            c = consumer.run(stack.bootstrap, size["consumer"], rounds=1 if args.quick else 3)
+            c = consumer.run(stack.bootstrap, size["consumer"], rounds=rounds)
             print(f"consumer strategies: {c}")
             for strategy in consumer.STRATEGIES:
                 ratio, noop = c["json"][strategy]["ratio"], c["noop"][strategy]["ratio"]
@@ -225,6 +216,11 @@ def _spark(bootstrap: str, n: int) -> list[Result]:
         print(f"spark benchmark skipped: {exc}")
         return []
     return spark_bench.run(bootstrap, n)
+
+
+def _ceiling(name: str, figures: dict[str, Any], limit: float, note: str) -> Result:
+    ratio = f"{figures['per_s'] / limit:.2f}x of raw Kafka"
+    return Result(f"2 ceiling: {name}", ratio, f"- ({note})", None, _round(figures))
 
 
 def _best(rounds: int, run: Callable[[], dict[str, Any]]) -> dict[str, Any]:

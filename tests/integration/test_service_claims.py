@@ -11,7 +11,7 @@ import time
 import psycopg
 import pytest
 
-from redrive.service.store import PendingRetry, RequestCoordinates, Store
+from redrive.service.store import PendingRetry, RequestCoordinates, Settlement, Store
 from tests.integration.service_harness import fresh_database, now_ms
 
 pytestmark = pytest.mark.integration
@@ -61,12 +61,10 @@ def test_two_claims_never_share_a_row_and_settled_rows_are_gone(database_url: st
                 assert not {r.id for r in first.rows} & {r.id for r in second.rows}
                 assert [r.due_ms for r in first.rows] == sorted(r.due_ms for r in first.rows)
                 assert first.rows[0].headers == [("trace", b"\x00\x01")]
-                second.settle(
-                    delivered=[r.id for r in second.rows], dead=[], retry=[], retry_at_ms=0
-                )
+                second.settle(Settlement(delivered=[r.id for r in second.rows]))
             # While the first claim is open, nobody can see its rows as next due.
             assert b.next_wake_ms() is None
-            first.settle(delivered=[r.id for r in first.rows], dead=[], retry=[], retry_at_ms=0)
+            first.settle(Settlement(delivered=[r.id for r in first.rows]))
         assert _pending_ids(url) == set()
     finally:
         a.close()
@@ -104,10 +102,12 @@ def test_retry_later_and_dead_letters_are_recorded_with_the_claim(database_url: 
         with store.claim_due(now_ms=now_ms(), limit=10) as claim:
             one, two, three = (r.id for r in claim.rows)
             claim.settle(
-                delivered=[one],
-                dead=[(two, "delivery_failed", "too large")],
-                retry=[three],
-                retry_at_ms=later,
+                Settlement(
+                    delivered=[one],
+                    dead=[(two, "delivery_failed", "too large")],
+                    retry=[three],
+                    retry_at_ms=later,
+                )
             )
         assert _pending_ids(url) == {three}
         assert store.next_wake_ms() == later
@@ -133,9 +133,7 @@ def test_a_hung_claim_is_ended_by_the_database_and_its_rows_freed(database_url: 
                     assert len(claim.rows) == 2
                     holding.set()
                     released.wait(10)  # a scheduler stuck between claim and settle
-                    claim.settle(
-                        delivered=[r.id for r in claim.rows], dead=[], retry=[], retry_at_ms=0
-                    )
+                    claim.settle(Settlement(delivered=[r.id for r in claim.rows]))
             except Exception:  # the session was terminated under it: that is the point
                 pass
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +39,10 @@ DEAD_LETTER_REASON_HEADER = "redrive-dead-letter-reason"
 # How long a revocation waits for the batch being stored, to commit it before the
 # partitions go (an insert takes well under a second; the group waits for us longer).
 REVOKE_WAIT_S = 10.0
+
+
+def _names(partitions: list[TopicPartition]) -> list[str]:
+    return [f"{tp.topic}[{tp.partition}]" for tp in partitions]
 
 
 def now_ms() -> int:
@@ -112,16 +116,15 @@ class Intake:
                     linger_s=self.settings.intake_linger_ms / 1000,
                 )
                 batch = self._classified(messages) if messages else None
+                # The batch in flight is finished once stored, or at the latest before the
+                # next one is handed to the writer (one at a time, committed in order).
                 in_flight = self._in_flight
-                if in_flight is not None and (batch is not None or in_flight[1].done()):
-                    self._in_flight = None
-                    if not self._finish(*in_flight):
-                        break  # stopping with a batch unstored: nothing after it may commit
+                due = in_flight is not None and (batch is not None or in_flight[1].done())
+                if due and not self._finish_in_flight():
+                    break  # stopping with a batch unstored: nothing after it may commit
                 if batch is not None:
                     self._in_flight = batch, writer.submit(self._insert, batch)
-            if self._in_flight is not None:
-                in_flight, self._in_flight = self._in_flight, None
-                self._finish(*in_flight)
+            self._finish_in_flight()
         finally:
             writer.shutdown(wait=True)
             self._commit_last()
@@ -137,23 +140,21 @@ class Intake:
         those requests again, and any already delivered would be delivered twice (a
         pending one is skipped by the unique index, a delivered one is gone from it)."""
         if self._in_flight is not None:
-            batch, stored = self._in_flight
-            try:
-                failed = stored.exception(timeout=REVOKE_WAIT_S) is not None
-            except TimeoutError:
-                failed = True
-            if not failed:  # else the loop deals with it; the next owner reads it again
-                self._in_flight = None
-                self._finish(batch, stored)
+            stored = self._in_flight[1]
+            wait([stored], timeout=REVOKE_WAIT_S)
+            # Not stored yet (or the store is down): the loop keeps it, the next owner
+            # reads it again.
+            if stored.done() and stored.exception() is None:
+                self._finish_in_flight()
         self._commit_last()
         self._hand_over(partitions)
-        log.info("partitions revoked", partitions=[f"{p.topic}[{p.partition}]" for p in partitions])
+        log.info("partitions revoked", partitions=_names(partitions))
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._hand_over(partitions)
         log.warning(
             "partitions lost; their uncommitted requests will be read again by their next owner",
-            partitions=[f"{p.topic}[{p.partition}]" for p in partitions],
+            partitions=_names(partitions),
         )
 
     def _hand_over(self, partitions: list[TopicPartition]) -> None:
@@ -161,6 +162,11 @@ class Intake:
         them later could move the next owner's committed offset back."""
         for tp in partitions:
             self._uncommitted.pop((tp.topic, tp.partition), None)
+
+    def _finish_in_flight(self) -> bool:
+        """Finish the batch being stored, if any (see `_finish`)."""
+        in_flight, self._in_flight = self._in_flight, None
+        return in_flight is None or self._finish(*in_flight)
 
     def _classified(self, messages: Sequence[Message]) -> _Batch | None:
         """The batch's requests, each a pending retry or a dead letter; None if empty (or

@@ -28,7 +28,7 @@ import math
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import structlog
@@ -37,7 +37,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from redrive.kafka import kafka_headers
 from redrive.service.config import ServiceSettings
 from redrive.service.metrics import ServiceMetrics
-from redrive.service.store import ClaimedRetry, Store, StoreUnavailable
+from redrive.service.store import ClaimedRetry, Settlement, Store, StoreUnavailable
 
 log = structlog.get_logger("redrive.scheduler")
 
@@ -166,18 +166,12 @@ class Scheduler:
                 ]
                 deliverable = [r for r in claim.rows if r not in expired] if expired else claim.rows
                 outcome = self._deliver(deliverable, timeout_s=timeout_s)
-                delivered, dead, retry = self._settlement(outcome, expired)
-                claim.settle(
-                    delivered=delivered,
-                    dead=dead,
-                    retry=retry,
-                    retry_at_ms=now_ms() + TRANSIENT_RETRY_MS,
-                )
+                claim.settle(self._settlement(outcome, expired))
         except StoreUnavailable:
             if outcome is None:
                 raise  # nothing was produced: the claim simply did not happen
             # Produced, but the claim's commit failed: record again, in fresh transactions.
-            self._settle_retrying(*self._settlement(outcome, expired))
+            self._settle_retrying(self._settlement(outcome, expired))
         self._report(outcome, expired)
         return True
 
@@ -246,10 +240,8 @@ class Scheduler:
         return outcome
 
     @staticmethod
-    def _settlement(
-        outcome: _Outcome, expired: list[ClaimedRetry]
-    ) -> tuple[list[int], list[tuple[int, str, str]], list[int]]:
-        """(delivered ids, dead letters with their reasons, ids to try again later)."""
+    def _settlement(outcome: _Outcome, expired: list[ClaimedRetry]) -> Settlement:
+        """The outcome as the store records it; a passing failure is tried again soon."""
         dead = [
             (r.id, "delivery_failed", f"delivery to {r.destination!r} failed for good: {err.str()}")
             for r, err in outcome.permanent
@@ -262,29 +254,28 @@ class Scheduler:
             )
             for r in expired
         ]
-        return [r.id for r in outcome.acked], dead, [r.id for r, _ in outcome.transient]
+        return Settlement(
+            delivered=[r.id for r in outcome.acked],
+            dead=dead,
+            retry=[r.id for r, _ in outcome.transient],
+            retry_at_ms=now_ms() + TRANSIENT_RETRY_MS,
+        )
 
-    def _settle_retrying(
-        self, delivered: list[int], dead: list[tuple[int, str, str]], retry: list[int]
-    ) -> None:
+    def _settle_retrying(self, settlement: Settlement) -> None:
         """Record an outcome whose claim could not commit; wait out a store outage. Until
         it is recorded the rows are due again, so a delivery may repeat: never be lost."""
         failures = 0
         while True:
             try:
-                self.store.settle(
-                    delivered=delivered,
-                    dead=dead,
-                    retry=retry,
-                    retry_at_ms=now_ms() + TRANSIENT_RETRY_MS,
-                )
+                self.store.settle(replace(settlement, retry_at_ms=now_ms() + TRANSIENT_RETRY_MS))
                 return
             except StoreUnavailable as exc:
                 failures += 1
                 self.metrics.store_errors.labels("settle").inc()
                 if self.stop.is_set() and failures > 3:
                     log.warning(
-                        "stopping with deliveries unrecorded; they will repeat", rows=len(delivered)
+                        "stopping with deliveries unrecorded; they will repeat",
+                        rows=len(settlement.delivered),
                     )
                     return
                 self.stop.wait(min(0.2 * 2**failures, self.settings.store_retry_max_seconds))

@@ -336,21 +336,25 @@ def _to_dead_letters(
             cur.execute(_COUNT_MINUTE, ("dead_lettered", topic, count))
 
 
-def _settle(
-    conn: psycopg.Connection[Any],
-    delivered: Sequence[int],
-    dead: Sequence[tuple[int, str, str]],
-    retry: Sequence[int],
-    retry_at_ms: int,
-) -> None:
-    """Forget delivered rows, move dead ones to the dead letters, make the rest due
-    again at `retry_at_ms` (a delivery failed for a passing reason)."""
-    if delivered:
-        conn.execute(_DELETE_DELIVERED, (list(delivered),))
-    if dead:
-        _to_dead_letters(conn, dead)
-    if retry:
-        conn.execute(_RELEASE, (retry_at_ms, list(retry)))
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """What became of claimed rows: `delivered` ones are forgotten, `dead` ones (id,
+    reason code, reason) move to the dead letters, and `retry` ones (a delivery failed
+    for a passing reason) are due again at `retry_at_ms`."""
+
+    delivered: Sequence[int] = ()
+    dead: Sequence[tuple[int, str, str]] = ()
+    retry: Sequence[int] = ()
+    retry_at_ms: int = 0
+
+
+def _settle(conn: psycopg.Connection[Any], settlement: Settlement) -> None:
+    if settlement.delivered:
+        conn.execute(_DELETE_DELIVERED, (list(settlement.delivered),))
+    if settlement.dead:
+        _to_dead_letters(conn, settlement.dead)
+    if settlement.retry:
+        conn.execute(_RELEASE, (settlement.retry_at_ms, list(settlement.retry)))
 
 
 class Claim:
@@ -360,16 +364,9 @@ class Claim:
         self._conn = conn
         self.rows = rows
 
-    def settle(
-        self,
-        *,
-        delivered: Sequence[int],
-        dead: Sequence[tuple[int, str, str]],
-        retry: Sequence[int],
-        retry_at_ms: int,
-    ) -> None:
+    def settle(self, settlement: Settlement) -> None:
         """Record the outcome; it takes effect when the claim's transaction commits."""
-        _settle(self._conn, delivered, dead, retry, retry_at_ms)
+        _settle(self._conn, settlement)
 
 
 class Store:
@@ -469,18 +466,11 @@ class Store:
             ]
             yield Claim(conn, claimed)
 
-    def settle(
-        self,
-        *,
-        delivered: Sequence[int],
-        dead: Sequence[tuple[int, str, str]],
-        retry: Sequence[int],
-        retry_at_ms: int,
-    ) -> None:
+    def settle(self, settlement: Settlement) -> None:
         """:meth:`Claim.settle` without a claim, in a transaction of its own: for an
         outcome whose claim could not commit (rows already gone are skipped)."""
         with self._conn(relaxed=True) as conn, conn.transaction():
-            _settle(conn, delivered, dead, retry, retry_at_ms)
+            _settle(conn, settlement)
 
     def to_dead_letters(self, failures: Sequence[tuple[int, str, str]]) -> None:
         """Move rows that can never be delivered (id, reason code, reason) to dead letters."""
