@@ -3,12 +3,16 @@
 confluent-kafka's stubs type headers loosely (str or bytes values, a list or a dict);
 what a consumer actually receives is a list of (str, bytes | None). These helpers
 say so once, instead of casts scattered through the code.
+
+They are also the one place where a consumed record's headers are read, because
+reading them can fail: see :func:`read_headers`.
 """
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
-from typing import cast
+from typing import Any, Final, cast
 
 from confluent_kafka import Consumer, Message
 
@@ -16,10 +20,72 @@ from redrive.headers import Header
 
 KafkaHeaders = list[tuple[str, str | bytes | None]]
 
+# What CPython's repr prints for an empty slot of a tuple (PyObject_Repr(NULL)).
+_EMPTY_SLOT: Final = "(<NULL>, "
+
+# `msg.headers()` written as a method call is specialised by CPython 3.11+'s adaptive
+# interpreter into a direct C call that does not check for an exception left set with
+# a result; confluent-kafka does exactly that on a bad header name, and the stale
+# exception then surfaces later at an arbitrary line. Called through methodcaller, the
+# call goes through the checked C path, which raises SystemError right here.
+_headers: Final[Any] = operator.methodcaller("headers")
+
+
+def read_headers(msg: Message) -> tuple[list[Header], str | None]:
+    """A consumed record's headers, and None, or what could be read and what could not.
+
+    Any Kafka producer can write a header whose NAME is not UTF-8 (kcat does it from
+    its command line). confluent-kafka (2.16) decodes every name strictly: on such a
+    name, ``Message.headers()`` raises SystemError, and leaves on the message a list
+    whose tuple for that header has an empty name slot, which crashes the interpreter
+    if touched. Calling ``headers()`` once more returns that list; an empty slot is
+    told apart by the tuple's repr without touching it, so the other headers (and the
+    bad ones' values) are kept, and the problem is returned for the caller to report.
+    The raw bytes of a bad name are gone: confluent-kafka frees them after decoding.
+
+    (A name with a NUL byte cannot be detected: confluent-kafka reads names as C
+    strings, so it arrives cut at the NUL.)
+    """
+    try:
+        return cast(list[Header], list(_headers(msg) or [])), None
+    except (SystemError, UnicodeDecodeError, ValueError) as exc:
+        first = exc
+    try:
+        cached = _headers(msg) or []
+    except Exception:  # noqa: BLE001 - nothing more can be read of these headers
+        return [], f"headers unreadable: {_cause(first)}; none could be read"
+    kept: list[Header] = []
+    lost: list[int] = []
+    for index, header in enumerate(cached):
+        if repr(header).startswith(_EMPTY_SLOT):
+            lost.append(index)
+        else:
+            kept.append(cast(Header, header))
+    where = ", ".join(str(i) for i in lost[:10]) + (", ..." if len(lost) > 10 else "")
+    problem = (
+        f"headers unreadable: {len(lost)} of {len(cached)} header name(s) are not valid "
+        f"UTF-8 (position {where}); {_cause(first)}; those headers were dropped, "
+        f"the {len(kept)} others kept"
+    )
+    return kept, problem
+
+
+def _cause(exc: BaseException) -> str:
+    """The first bad name's bytes, when confluent-kafka's error chain still has them."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # the chain is short; bounded in case it loops
+        if seen is None:
+            break
+        if isinstance(seen, UnicodeDecodeError) and isinstance(seen.object, bytes):
+            return f"first bad name {seen.object[:100]!r}"
+        seen = seen.__cause__ or seen.__context__
+    return f"{type(exc).__name__} from confluent-kafka"
+
 
 def headers_of(msg: Message) -> list[Header]:
-    """A consumed message's headers as redrive reads them (empty list when none)."""
-    return cast(list[Header], list(msg.headers() or []))
+    """A consumed message's headers as redrive reads them (empty list when none);
+    unreadable ones are left out (see :func:`read_headers` to learn of them)."""
+    return read_headers(msg)[0]
 
 
 def kafka_headers(headers: Sequence[Header]) -> KafkaHeaders:

@@ -14,6 +14,7 @@ from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from redrive.headers import Header
+from redrive.kafka import headers_of
 
 
 def create_topics(bootstrap: str, *names: str, partitions: int = 1) -> None:
@@ -73,7 +74,7 @@ class TopicReader:
                         msg.offset(),
                         msg.key(),
                         msg.value(),
-                        list(msg.headers() or []),
+                        headers_of(msg),
                         msg.timestamp()[1],
                         time.time_ns() // 1_000_000,
                     )

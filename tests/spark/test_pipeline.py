@@ -36,6 +36,7 @@ from redrive.spark.pipeline import (
 )
 from redrive.spark.scheduler import build_scheduler_query
 from redrive.spark.session import spark_session
+from tests.integration.kcat import kcat_produce
 from tests.integration.service_harness import (
     dead_letters,
     fresh_database,
@@ -66,6 +67,9 @@ def is_flaky(n: int) -> bool:
 
 
 BOMB = 999  # its error makes the policy's predicate raise
+POISON = 993  # flaky, and written with a header name that is not UTF-8
+POISON_HEADERS = [(b"trace", b"t993"), (b"x-\xff\xfe", b"1")]
+POISON_AS_READ = [("x-\ufffd\ufffd", b"1")]
 
 
 def handler(key: bytes | None, value: bytes | None, headers: list[Header], attempt: int) -> bytes:
@@ -112,8 +116,12 @@ def test_failures_are_retried_and_dead_lettered_and_the_query_survives(
                 "headers": [("trace", f"t{n}".encode())],
             }
             for n in range(RECORDS)
+            if n != POISON
         ],
     )
+    # Any producer can write a header name that is not UTF-8; Spark's Kafka source (the
+    # Java client) reads it with U+FFFD in place of the bad bytes, and it travels so.
+    kcat_produce(bootstrap, source, b"k%d" % POISON, b"%d" % POISON, POISON_HEADERS)
     reader = TopicReader(bootstrap, [output, requests, dlq, source])
     scheduler = build_scheduler_query(
         spark,
@@ -172,7 +180,7 @@ def test_failures_are_retried_and_dead_lettered_and_the_query_survives(
     for request in retries:
         headers, user = decode(request.headers)
         n = int(request.value or b"")
-        assert user == [("trace", f"t{n}".encode())]
+        assert user == [("trace", f"t{n}".encode()), *(POISON_AS_READ if n == POISON else [])]
         assert headers.destination == source and headers.group == "billing"
         assert headers.original_topic == source and headers.original_offset is not None
         assert headers.partition == headers.original_partition

@@ -15,7 +15,7 @@ from typing import Final
 from confluent_kafka import Message
 
 from redrive.headers import Header, HeaderError, RetryHeaders, decode, split_headers
-from redrive.kafka import headers_of
+from redrive.kafka import read_headers
 from redrive.service.store import DeadLetter, PendingRetry, RequestCoordinates
 
 SOURCE: Final = "intake"
@@ -44,6 +44,8 @@ class Incoming:
     key: bytes | None
     value: bytes | None
     headers: list[Header]
+    # What could not be read of the headers (see redrive.kafka.read_headers), if any.
+    header_problem: str | None = None
 
     @classmethod
     def from_message(cls, msg: Message) -> Incoming:
@@ -51,7 +53,8 @@ class Incoming:
         topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
         if topic is None or partition is None or offset is None:
             raise ValueError("a message without coordinates is an error event, not a request")
-        return cls(topic, partition, offset, msg.key(), msg.value(), headers_of(msg))
+        headers, problem = read_headers(msg)
+        return cls(topic, partition, offset, msg.key(), msg.value(), headers, problem)
 
     @property
     def coordinates(self) -> RequestCoordinates:
@@ -69,6 +72,10 @@ class IntakeRules:
 
 def classify(msg: Incoming, rules: IntakeRules, now_ms: int) -> PendingRetry | DeadLetter:
     """A valid request becomes a pending retry; anything else a dead letter with its reason."""
+    if msg.header_problem is not None:
+        # Some headers are gone: even a request that decodes may have lost one that
+        # mattered (its deadline, its group), so it is not scheduled on a guess.
+        return _dead(msg, None, Reason.INVALID_REQUEST, f"invalid request: {msg.header_problem}")
     try:
         request, _ = decode(msg.headers)
     except HeaderError as error:
