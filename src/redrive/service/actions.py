@@ -10,12 +10,25 @@ import base64
 import binascii
 import json
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    model_validator,
+)
 
 from redrive.service.auth import Principal
-from redrive.service.filters import DeadLetterFilter
+from redrive.service.filters import (
+    DeadLetterFilter,
+    RowId,
+    SchemaPattern,
+    StorableText,
+    UnicodeText,
+)
 from redrive.service.replay import Edit, ReplayRefused
 
 if TYPE_CHECKING:
@@ -30,14 +43,44 @@ class ActionRefused(Exception):
 
 
 # ------------------------------------------------------------------ request bodies (API and UI)
+#
+# The model validators below are restated as JSON Schema (`json_schema_extra`), so the
+# OpenAPI document refuses exactly the bodies the handlers refuse.
+
+BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+
+
+def _given(name: str, kind: str) -> dict[str, Any]:
+    """JSON Schema: `name` is present and not null."""
+    return {"required": [name], "properties": {name: {"type": kind}}}
+
+
+def _base64(value: str) -> str:
+    try:
+        base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError(f"not base64: {exc}") from None
+    return value
+
+
+Base64Text = Annotated[str, AfterValidator(_base64), SchemaPattern(BASE64_PATTERN)]
 
 
 class Payload(BaseModel):
     """Bytes given as exactly one of: UTF-8 text, base64, or a JSON value."""
 
-    model_config = ConfigDict(extra="forbid")
-    text: str | None = None
-    base64: str | None = None
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "oneOf": [
+                _given("text", "string"),
+                _given("base64", "string"),
+                {"required": ["json"]},
+            ]
+        },
+    )
+    text: UnicodeText | None = None
+    base64: Base64Text | None = None
     json_value: Any = Field(None, alias="json")
 
     @model_validator(mode="after")
@@ -49,11 +92,6 @@ class Payload(BaseModel):
         ]
         if sum(given) != 1:
             raise ValueError("give exactly one of text, base64 or json")
-        if self.base64 is not None:
-            try:
-                base64.b64decode(self.base64, validate=True)
-            except binascii.Error as exc:
-                raise ValueError(f"base64: {exc}") from None
         return self
 
     def to_bytes(self) -> bytes:
@@ -66,25 +104,46 @@ class Payload(BaseModel):
 
 class HeaderIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1, max_length=255)
+    # No NUL: the Kafka client would cut the name there.
+    name: StorableText = Field(min_length=1, max_length=255)
     value: Payload | None = None
+
+
+# A topic name goes to the allowlist, the Kafka client (which would cut it at a NUL)
+# and the audit log (PostgreSQL).
+Destination = StorableText
 
 
 class ReplayOne(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    destination: str | None = Field(None, max_length=249, description="Default: its topic.")
+    destination: Destination | None = Field(None, max_length=249, description="Default: its topic.")
     value: Payload | None = Field(None, description="Edit the value before replaying.")
     headers: list[HeaderIn] | None = Field(None, max_length=100, description="Replace headers.")
-    keep: bool = Field(False, description="Keep the dead letter after replaying it.")
+    # Flags are strict (JSON true or false): pydantic would also take 0, 1, "yes" and
+    # "off", which the document does not offer.
+    keep: StrictBool = Field(False, description="Keep the dead letter after replaying it.")
 
 
 class Selection(BaseModel):
     """Dead letters by id, or everything a filter matches (`all` for an empty filter)."""
 
-    model_config = ConfigDict(extra="forbid")
-    ids: list[int] | None = Field(None, max_length=10_000)
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "oneOf": [_given("ids", "array"), _given("filter", "object")],
+            # A filter whose every field is null or absent matches everything.
+            "if": {
+                "required": ["filter"],
+                "properties": {
+                    "filter": {"type": "object", "additionalProperties": {"type": "null"}}
+                },
+            },
+            "then": {"required": ["all"], "properties": {"all": {"const": True}}},
+        },
+    )
+    ids: list[RowId] | None = Field(None, max_length=10_000)
     filter: DeadLetterFilter | None = None
-    all: bool = False
+    all: StrictBool = False
 
     @model_validator(mode="after")
     def _chosen(self) -> "Selection":
@@ -96,9 +155,11 @@ class Selection(BaseModel):
 
 
 class ReplayMany(Selection):
-    destination: str | None = Field(None, max_length=249)
-    keep: bool = False
-    rate: float | None = Field(None, gt=0, le=100_000, description="Messages per second.")
+    destination: Destination | None = Field(None, max_length=249)
+    keep: StrictBool = False
+    # At least one a second: the replay runs inside the request, which a slower pace
+    # would hold open for hours (and a tiny one overflows the client's poll timeout).
+    rate: float | None = Field(None, ge=1, le=100_000, description="Messages per second.")
 
 
 class OperatorActions:

@@ -3,19 +3,112 @@
 Filters become SQL from fixed fragments with every value passed as a parameter, so
 no search text can change a query. Pagination is by cursor (the sort key of the last
 row seen), which stays correct while rows come and go, unlike offsets.
+
+Every value is checked here for what PostgreSQL would refuse once the query runs (a
+NUL in text, a lone surrogate that is not UTF-8, an integer beyond bigint), so a bad
+filter is a refusal that names its field rather than a failed query; the same types
+put those limits into the OpenAPI document.
 """
 
 from __future__ import annotations
 
 import base64
-from datetime import datetime
-from typing import Any
+import binascii
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    GetJsonSchemaHandler,
+    field_validator,
+)
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
+
+INT64_MIN = -(2**63)
+INT64_MAX = 2**63 - 1
+# Text PostgreSQL can store: no NUL. (Lone surrogates are refused by `_storable`: a JSON
+# Schema pattern cannot name them, and clients cannot send them in UTF-8 anyway.)
+NO_NUL_PATTERN = r"^[^\x00]*$"
+# The shape of the cursors this API returns (URL-safe base64); the content is checked
+# when decoded.
+CURSOR_PATTERN = r"^[A-Za-z0-9_-]{1,100}={0,2}$"
+CURSOR_MAX_LENGTH = 102
 
 
 class FilterError(ValueError):
     """A filter or cursor that cannot be used; the message says why."""
+
+
+def unicode_text(value: str) -> str:
+    """`value` if it can be encoded as UTF-8 (JSON can carry a lone surrogate, which
+    neither PostgreSQL nor Kafka can take), else ValueError saying why."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode (it holds a lone surrogate)") from None
+    return value
+
+
+def storable_text(value: str) -> str:
+    """`value` if PostgreSQL can store and compare it as text, else ValueError saying why."""
+    if "\x00" in value:
+        raise ValueError("must not contain a NUL character (\\x00)")
+    return unicode_text(value)
+
+
+_ISO_DATE_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}")
+
+
+def _iso_only(value: object) -> object:
+    """Times as ISO 8601 text (or a datetime, from the UI) only: pydantic would also
+    read a number as seconds since 1970, which the document does not offer."""
+    if isinstance(value, datetime):
+        return value
+    if isinstance(value, str) and _ISO_DATE_TIME.match(value):
+        return value
+    raise ValueError("must be an ISO 8601 date and time, e.g. 2024-05-01T12:00:00Z")
+
+
+def _aware(value: datetime | None) -> datetime | None:
+    """A time without an offset is UTC (as the UI reads it): naive and aware times
+    cannot be compared, and PostgreSQL would read a naive one in its own time zone."""
+    if value is not None and value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class SchemaPattern:
+    """Puts a pattern on a string's JSON Schema only: the check itself is a validator,
+    whose message says more than a pattern mismatch."""
+
+    pattern: str
+
+    def __get_pydantic_json_schema__(
+        self, schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        return {**handler(schema), "pattern": self.pattern}
+
+
+def _text(max_length: int, description: str | None = None) -> Any:
+    return Field(None, max_length=max_length, description=description)
+
+
+# Text that ends up in SQL: no NUL, valid Unicode.
+StorableText = Annotated[str, AfterValidator(storable_text), SchemaPattern(NO_NUL_PATTERN)]
+# Text that goes to Kafka as UTF-8 (a payload may hold NUL).
+UnicodeText = Annotated[str, AfterValidator(unicode_text)]
+# A time filter: naive times are UTC.
+FilterTime = Annotated[datetime, BeforeValidator(_iso_only), AfterValidator(_aware)]
+# The id of a row (bigserial: a positive bigint).
+RowId = Annotated[int, Field(ge=1, le=INT64_MAX)]
 
 
 def _like(text: str) -> str:
@@ -29,17 +122,17 @@ class DeadLetterFilter(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    topic: str | None = Field(None, max_length=249)
-    group: str | None = Field(None, max_length=1024)
-    error_type: str | None = Field(None, max_length=1024)
-    text: str | None = Field(
-        None, max_length=1024, description="Found anywhere in the error message (any case)."
+    topic: StorableText | None = _text(249)
+    group: StorableText | None = _text(1024)
+    error_type: StorableText | None = _text(1024)
+    text: StorableText | None = _text(1024, "Found anywhere in the error message (any case).")
+    reason: StorableText | None = _text(1024, "A reason code, or text found in the reason.")
+    since: FilterTime | None = Field(
+        None, description="Dead since this time (ISO 8601; without an offset: UTC)."
     )
-    reason: str | None = Field(
-        None, max_length=1024, description="A reason code, or text found in the reason."
+    until: FilterTime | None = Field(
+        None, description="Dead before this time (ISO 8601; without an offset: UTC)."
     )
-    since: datetime | None = Field(None, description="Dead since this time (ISO 8601).")
-    until: datetime | None = Field(None, description="Dead before this time (ISO 8601).")
 
     @field_validator("until")
     @classmethod
@@ -82,10 +175,10 @@ class DeadLetterFilter(BaseModel):
 class PendingFilter(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    destination: str | None = Field(None, max_length=249)
-    group: str | None = Field(None, max_length=1024)
-    due_after_ms: int | None = Field(None, ge=0)
-    due_before_ms: int | None = Field(None, ge=0)
+    destination: StorableText | None = _text(249)
+    group: StorableText | None = _text(1024)
+    due_after_ms: int | None = Field(None, ge=0, le=INT64_MAX)
+    due_before_ms: int | None = Field(None, ge=0, le=INT64_MAX)
 
     def where(self) -> tuple[str, list[Any]]:
         clauses: list[str] = []
@@ -110,10 +203,14 @@ def encode_cursor(*parts: int) -> str:
 
 
 def decode_cursor(cursor: str, count: int) -> tuple[int, ...]:
+    """The sort key in a cursor; FilterError for anything this API did not return
+    (including numbers beyond bigint, which PostgreSQL would refuse)."""
+    refused = FilterError(f"cursor {cursor[:40]!r} is not one this API returned")
     try:
-        parts = tuple(int(p) for p in base64.urlsafe_b64decode(cursor.encode()).decode().split(":"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise FilterError(f"cursor {cursor[:40]!r} is not one this API returned") from exc
-    if len(parts) != count:
-        raise FilterError(f"cursor {cursor[:40]!r} is not one this API returned")
+        text = base64.urlsafe_b64decode(cursor.encode("ascii")).decode("ascii")
+        parts = tuple(int(p) for p in text.split(":"))
+    except (ValueError, binascii.Error):  # UnicodeError is a ValueError
+        raise refused from None
+    if len(parts) != count or not all(INT64_MIN <= p <= INT64_MAX for p in parts):
+        raise refused
     return parts

@@ -10,12 +10,16 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI, Request, Response
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from redrive.service.api import create_router
+from redrive.service.api import ErrorBody, create_router
 from redrive.service.ui import mount_ui
 
 if TYPE_CHECKING:
@@ -29,6 +33,64 @@ def _explain(errors: list[Any]) -> str:
         where = ".".join(str(p) for p in error.get("loc", ()) if p != "body") or "request"
         parts.append(f"{where}: {error.get('msg', 'invalid')}")
     return "; ".join(parts)
+
+
+_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+
+
+def allowed_methods(app: FastAPI, scope: Scope, named: str = "") -> list[str]:
+    """Every method some route serves at this request's path, with those `named` by
+    the refusal. Starlette's own `Allow` names only the first route matching the
+    path, while e.g. GET and DELETE /api/v1/dead-letters/{id} are two routes. A mount
+    (/static) answers any method itself: its refusal names what it serves."""
+    methods = {m.strip().upper() for m in named.split(",") if m.strip()}
+    routes = [route for route in app.router.routes if not isinstance(route, Mount)]
+    for method in _METHODS:
+        probe = {**scope, "method": method}
+        if any(route.matches(probe)[0] == Match.FULL for route in routes):
+            methods.add(method)
+    return sorted(methods)
+
+
+def method_not_allowed(app: FastAPI, request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    named = (exc.headers or {}).get("Allow", "")
+    allow = ", ".join(allowed_methods(app, request.scope, named))
+    return JSONResponse(
+        {"detail": f"method {request.method} is not allowed here; allowed: {allow}"},
+        status_code=405,
+        headers={"Allow": allow},
+    )
+
+
+_VALIDATION_REFS = ("#/components/schemas/HTTPValidationError",)
+
+
+def _error_refs(node: Any) -> Any:
+    """The document with FastAPI's list-of-errors 422 replaced by ErrorBody: the
+    handler below answers `{"detail": "<sentence>"}`."""
+    if isinstance(node, dict):
+        if node.get("$ref") in _VALIDATION_REFS:
+            return {"$ref": "#/components/schemas/ErrorBody"}
+        return {key: _error_refs(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_error_refs(value) for value in node]
+    return node
+
+
+def openapi_document(app: FastAPI) -> dict[str, Any]:
+    document: dict[str, Any] = _error_refs(
+        get_openapi(
+            title=app.title,
+            version=app.version,
+            description=app.description,
+            routes=app.routes,
+        )
+    )
+    schemas = document.setdefault("components", {}).setdefault("schemas", {})
+    schemas.pop("HTTPValidationError", None)
+    schemas.pop("ValidationError", None)
+    schemas["ErrorBody"] = ErrorBody.model_json_schema()
+    return document
 
 
 class BodyLimit:
@@ -92,17 +154,45 @@ def create_app(service: RetryService) -> FastAPI:
     def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse({"detail": _explain(list(exc.errors()))}, status_code=422)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 405:
+            return method_not_allowed(app, request, exc)
+        return await http_exception_handler(request, exc)
+
+    def document() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = openapi_document(app)
+        return app.openapi_schema
+
+    app.openapi = document  # type: ignore[method-assign]
+
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/readyz")
+    @app.get(
+        "/readyz",
+        responses={
+            200: {"description": "Ready: the store is reachable and every role healthy"},
+            503: {"description": "Not ready; `checks` says which part is not"},
+        },
+    )
     def readyz() -> Response:
         checks: dict[str, Any] = service.readiness()
         ready = all(checks.values())
         return JSONResponse({"ready": ready, "checks": checks}, status_code=200 if ready else 503)
 
-    @app.get("/metrics")
+    @app.get(
+        "/metrics",
+        response_class=Response,
+        responses={
+            200: {
+                "description": "Prometheus metrics in the text exposition format",
+                "content": {"text/plain": {"schema": {"type": "string"}}},
+            }
+        },
+    )
     def metrics() -> Response:
         return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 

@@ -92,8 +92,9 @@ class Replayer:
                     break
                 except BufferError:
                     self._producer.poll(0.05)
+            # Paced between messages only: nothing waits after the last one.
             ahead = (index + 1) / rate_per_s - (time.monotonic() - started)
-            if ahead > 0:
+            if ahead > 0 and index + 1 < len(rows):
                 self._producer.poll(ahead)
         self._producer.flush(30)
         return sorted(acked)

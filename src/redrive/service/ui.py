@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hmac
 import json
 import re
@@ -31,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode
@@ -158,27 +159,44 @@ def relative(when: datetime, now: datetime) -> str:
 
 @dataclass(frozen=True, slots=True)
 class When:
-    iso: str
+    iso: str | None  # None: beyond the calendar (no <time> element)
     absolute: str
     rel: str
 
 
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _beyond_calendar(ms: int) -> When:
+    """A time in epoch ms that datetime cannot hold (a producer may set any int64)."""
+    side = "after the year 9999" if ms > 0 else "before the year 1"
+    return When(iso=None, absolute=f"{ms:,} ms since 1970 ({side})", rel=side)
+
+
 def when(value: datetime | str | int | None) -> When | None:
-    """A time for display: datetime, ISO text or epoch milliseconds."""
+    """A time for display: datetime, ISO text or epoch milliseconds (any int64)."""
     if value is None or value == "":
         return None
     if isinstance(value, int):
-        at = datetime.fromtimestamp(value / 1000, UTC)
+        try:
+            # Integer arithmetic: exact, and OverflowError (not a wrong date) outside
+            # the years 1 to 9999.
+            at = EPOCH + timedelta(milliseconds=value)
+        except OverflowError:
+            return _beyond_calendar(value)
     elif isinstance(value, str):
         at = datetime.fromisoformat(value)
     else:
         at = value
     if at.tzinfo is None:
         at = at.replace(tzinfo=UTC)
-    at = at.astimezone(UTC)
+    # An offset that would move it past the year 1 or 9999: shown in its own offset.
+    with contextlib.suppress(OverflowError):
+        at = at.astimezone(UTC)
     return When(
         iso=at.isoformat(timespec="milliseconds"),
-        absolute=at.strftime("%Y-%m-%d %H:%M:%S UTC"),
+        # %Y does not pad years before 1000 on every platform.
+        absolute=f"{at.year:04d}" + at.strftime("-%m-%d %H:%M:%S %Z"),
         rel=relative(at, datetime.now(UTC)),
     )
 
