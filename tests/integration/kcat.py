@@ -24,20 +24,21 @@ def kcat_produce(
     headers: Sequence[RawHeader],
     partition: int | None = None,
 ) -> None:
-    """One record with raw header names: key and header bytes without NUL (they travel
-    as arguments), value non-empty (kcat sends a file as one message, skipping an empty
-    one); a header value of None is a null value."""
+    """One record with raw header names. Keys and headers travel as arguments: no NUL
+    in them, and no ``=`` in a name (kcat splits there). The value travels as a file,
+    byte for byte, and must not be empty (kcat skips an empty file). An empty key is
+    no key; a header value of None is a null value."""
     if not value:
         raise ValueError("kcat cannot send an empty value from a file")
-    if b"\x00" in (key or b"") or any(b"\x00" in n + (v or b"") for n, v in headers):
-        raise ValueError("kcat takes keys and headers as arguments, which cannot hold NUL")
+    if b"\x00" in (key or b"") or any(b"\x00" in n + (v or b"") or b"=" in n for n, v in headers):
+        raise ValueError("kcat cannot write NUL in keys or headers, nor '=' in a header name")
     with tempfile.TemporaryDirectory(prefix="redrive-kcat-") as folder:
         path = Path(folder) / "value"
         path.write_bytes(value)
         args: list[bytes | str] = ["kcat", "-P", "-b", bootstrap, "-t", topic]
         if partition is not None:
             args += ["-p", str(partition)]
-        if key is not None:
+        if key:
             args += [b"-k", key]
         for name, raw in headers:
             args += [b"-H", name if raw is None else name + b"=" + raw]

@@ -16,10 +16,16 @@ handler's policy; the strategy decides how the waiting happens:
 Offsets are committed only past records dealt with: handled, or handed off to Kafka
 and acknowledged. On a revoke the loop commits what it dealt with and forgets the
 paused state of the partitions it loses.
+
+No record stops the loop: one whose headers cannot be read, or on which redrive's own
+work fails (as opposed to its handler), goes to the dead letters with its raw key
+and value and the reason, and the loop goes on past it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import os
 import signal
 import threading
@@ -27,7 +33,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import FrameType
-from typing import Any, TypedDict, TypeVar, Unpack, cast
+from typing import Any, TypedDict, TypeVar, Unpack
 
 import structlog
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -35,6 +41,7 @@ from confluent_kafka import Message as KafkaMessage
 from confluent_kafka.admin import AdminClient
 from prometheus_client import CollectorRegistry
 
+from redrive.consumer.handlers import check_handler, refuse_awaitable
 from redrive.consumer.message import Message
 from redrive.consumer.metrics import ConsumerMetrics
 from redrive.consumer.offsets import OffsetTracker, Partition
@@ -44,6 +51,8 @@ from redrive.consumer.routes import DeadLetterTarget, Kind, Route, Strategy
 from redrive.consumer.topics import create_derived_topics
 from redrive.errors import ConfigError
 from redrive.headers import (
+    MAX_INT32,
+    MAX_INT64,
     Header,
     RetryHeaders,
     describe_error,
@@ -51,7 +60,7 @@ from redrive.headers import (
     next_request,
     read_delivery_headers,
 )
-from redrive.kafka import consume_available
+from redrive.kafka import consume_available, read_headers
 from redrive.policy import DeadLetter, DeadLetterReason, FatalError, Retry, policy
 
 log = structlog.get_logger("redrive.consumer")
@@ -61,6 +70,10 @@ RetryHook = Callable[[Message, Retry, BaseException], None]
 DeadLetterHook = Callable[[Message | None, DeadLetter, BaseException], None]
 
 DEFAULT_POLICY = "1s, 10s, 1m"
+TIER_CLOCK_SLACK_MS = 60_000
+"""How much later than its tier's delay a tier record may be due and still be waited
+for: room for clocks of app instances that disagree. Anything later is forged or
+corrupt, and is handled at once rather than holding its partition for ever."""
 
 
 class HandlerOptions(TypedDict, total=False):
@@ -85,6 +98,20 @@ class DeserializationError(FatalError):
 
 # Dead letters name it by its public name, the one users import and search for.
 DeserializationError.__module__ = "redrive"
+
+
+class UnreadableHeadersError(FatalError):
+    """A record's headers cannot all be read (a header name that is not UTF-8, which
+    any Kafka producer can write): it goes to the dead letters with those that can."""
+
+
+class UnprocessableRecordError(FatalError):
+    """redrive's own work on a record failed (not its handler's): rather than stop the
+    consumer at that record, it goes to the dead letters with the cause."""
+
+
+UnreadableHeadersError.__module__ = "redrive.consumer"
+UnprocessableRecordError.__module__ = "redrive.consumer"
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,6 +208,7 @@ class App:
         unknown = sorted(set(options) - set(HandlerOptions.__annotations__))
         if unknown:
             raise TypeError(f"unknown handler option(s) {unknown}; see HandlerOptions")
+        check_handler(topic, fn)
         strategy = options.get("strategy", "service")
         per_group_topic = options.get("per_group_topic", False)
         if topic in self._reads:
@@ -317,7 +345,11 @@ class App:
                 pauses.wait(tp, offset, pauses.until(tp))
                 rewound.add(tp)
                 continue
-            outcome = self._process(record, topic, partition, offset)
+            try:
+                outcome = self._process(record, topic, partition, offset)
+            except Exception as exc:  # noqa: BLE001 - no record may stop the consumer
+                self._unprocessable(record, topic, partition, offset, exc)
+                outcome = None
             if outcome is None:
                 positions[tp] = offset
                 continue
@@ -354,20 +386,19 @@ class App:
     ) -> _Wait | None:
         """Deal with one record; None when it is dealt with, else how long to wait."""
         route, kind = self._reads[topic]
-        raw_headers = record.headers()
+        headers, unreadable = read_headers(record)
         delivery = None
-        user_headers: list[Header] = []
-        if raw_headers:
-            headers = cast(list[Header], raw_headers)
-            if any(is_redrive_header(name) for name, _ in headers):
-                delivery = read_delivery_headers(headers)
-                if delivery is not None and delivery.group not in (None, self.group):
-                    delivery = None  # another group's retry of a shared topic: new to us
-                user_headers = [(k, v) for k, v in headers if not is_redrive_header(k)]
-            else:
-                user_headers = headers
-        if kind == "tier" and delivery is not None and delivery.retry_at > _now_ms():
-            return _Wait(delivery.retry_at)
+        user_headers = headers
+        if headers and any(is_redrive_header(name) for name, _ in headers):
+            delivery = self._delivery(headers)
+            user_headers = [(k, v) for k, v in headers if not is_redrive_header(k)]
+        if unreadable is not None:
+            self._unreadable(route, record, user_headers, delivery, unreadable)
+            return None
+        if kind == "tier" and delivery is not None:
+            wait = self._tier_wait(route, topic, partition, offset, delivery)
+            if wait is not None:
+                return wait
         state = self._in_place.get((topic, partition)) if self._in_place else None
         if state is not None and state.offset != offset:
             state = None
@@ -380,15 +411,17 @@ class App:
                 raw_value if deserialize is None or raw_value is None else deserialize(raw_value)
             )
         except Exception as exc:  # noqa: BLE001 - any deserializer failure is the record's
-            error: BaseException = DeserializationError(f"cannot deserialize: {exc!r}")
+            shown = _safe_repr(exc, limit=None)
+            error: BaseException = DeserializationError(f"cannot deserialize: {shown}")
             error.__cause__ = exc
             dead = DeadLetter(
                 DeadLetterReason.FATAL_ERROR,
-                f"fatal error: value cannot be deserialized ({exc!r})",
+                f"fatal error: value cannot be deserialized ({shown})",
                 failures + 1,
             )
             self._dead_letter(route, record, None, user_headers, delivery, error, dead)
             return None
+        stamp_type, stamp = record.timestamp()  # _timestamp(record), without a call
         message = Message(
             topic,
             partition,
@@ -397,19 +430,93 @@ class App:
             value,
             raw_value,
             user_headers,
-            _timestamp(record),
+            stamp if stamp_type and stamp >= 0 else None,
             failures + 1,
             delivery,
         )
         try:
-            route.handler(message)
+            result = route.handler(message)
         except Exception as exc:  # noqa: BLE001 - the handler's failure is what we handle
             return self._failed(route, record, message, delivery, state, exc)
+        if result is not None and inspect.isawaitable(result):
+            # An async function behind a plain one: its body never ran.
+            return self._failed(route, record, message, delivery, state, refuse_awaitable(result))
         handled = self._batch_handled
         handled[route.topic] = handled.get(route.topic, 0) + 1
         if state is not None:
             del self._in_place[(topic, partition)]
         return None
+
+    def _delivery(self, headers: list[Header]) -> RetryHeaders | None:
+        """What the redrive headers of a record say of its past, if they concern us.
+
+        They may be forged or garbled (any producer can write them): the reader drops
+        what is invalid, and an attempt count at the very top of its range is lowered
+        by one so that counting one more failure stays within it."""
+        delivery = read_delivery_headers(headers)
+        if delivery is None or delivery.group not in (None, self.group):
+            return None  # another group's retry of a shared topic: new to us
+        if delivery.attempt >= MAX_INT32:
+            delivery = dataclasses.replace(delivery, attempt=MAX_INT32 - 1)
+        return delivery
+
+    def _tier_wait(
+        self, route: Route, topic: str, partition: int, offset: int, delivery: RetryHeaders
+    ) -> _Wait | None:
+        """How long a tier record waits: until due, unless it claims to be due later
+        than its tier's delay allows (a forged or corrupt retry-at), which would hold
+        the tier partition for ever; such a record is handled now."""
+        now = _now_ms()
+        if delivery.retry_at <= now:
+            return None
+        if delivery.retry_at - now <= route.tier_delay_ms(topic) + TIER_CLOCK_SLACK_MS:
+            return _Wait(delivery.retry_at)
+        log.warning(
+            "tier record due later than its tier's delay allows; handled now",
+            topic=topic,
+            partition=partition,
+            offset=offset,
+            retry_at=delivery.retry_at,
+        )
+        return None
+
+    def _unreadable(
+        self,
+        route: Route,
+        record: KafkaMessage,
+        user_headers: list[Header],
+        delivery: RetryHeaders | None,
+        problem: str,
+    ) -> None:
+        """A record with headers that cannot be read: a dead letter with those that can
+        (its handler would see a record that is not what was written)."""
+        error = UnreadableHeadersError(problem)
+        attempt = delivery.attempt + 1 if delivery else 1
+        dead = DeadLetter(DeadLetterReason.FATAL_ERROR, f"fatal error: {problem}", attempt)
+        self._dead_letter(route, record, None, user_headers, delivery, error, dead)
+
+    def _unprocessable(
+        self, record: KafkaMessage, topic: str, partition: int, offset: int, cause: Exception
+    ) -> None:
+        """redrive failed on a record (a bug, or input no check foresaw): a dead letter
+        built from the record alone, so that the consumer goes on. Should even that
+        fail (the producer refuses it), the error stops the loop, uncommitted."""
+        log.exception(
+            "cannot process record; dead-lettering it",
+            topic=topic,
+            partition=partition,
+            offset=offset,
+        )
+        self._in_place.pop((topic, partition), None)
+        route, _ = self._reads[topic]
+        readable = read_headers(record)[0]
+        headers = [(k, v) for k, v in readable if not is_redrive_header(k)]
+        shown = _safe_repr(cause)
+        error = UnprocessableRecordError(f"redrive could not process this record: {shown}")
+        error.__cause__ = cause
+        text = f"fatal error: redrive could not process this record ({shown})"
+        dead = DeadLetter(DeadLetterReason.FATAL_ERROR, text, 1)
+        self._dead_letter(route, record, None, headers, None, error, dead)
 
     def _failed(
         self,
@@ -438,7 +545,7 @@ class App:
             partition=message.partition,
             offset=message.offset,
             attempt=failures,
-            error=repr(error)[:200],
+            error=_safe_repr(error),
             decision=str(decision)
             if isinstance(decision, DeadLetter)
             else f"retry in {decision.delay_ms} ms",
@@ -447,9 +554,8 @@ class App:
             self._in_place.pop(tp, None)
             self._dead_letter(route, record, message, message.headers, delivery, error, decision)
             return None
-        self.metrics.records.labels(route.topic, "retried").inc()
-        self._hook(self.on_retry, message, decision, error)
         if route.strategy in ("blocking", "pause"):
+            self._retried(route, message, decision, error)
             first = state.first_failure_ms if state else now
             self._in_place[tp] = _InPlace(message.offset, failures, first)
             return _Wait(decision.at_ms, all_partitions=route.strategy == "pause")
@@ -465,7 +571,15 @@ class App:
             redrive=request,
             partition=partition,
         )
+        self._retried(route, message, decision, error)
         return None
+
+    def _retried(
+        self, route: Route, message: Message, decision: Retry, error: BaseException
+    ) -> None:
+        """Counted once the retry is under way (a hand-off that raised is not one)."""
+        self.metrics.records.labels(route.topic, "retried").inc()
+        self._hook(self.on_retry, message, decision, error)
 
     def _request(
         self,
@@ -493,7 +607,7 @@ class App:
             record_partition=message.partition,
             record_offset=message.offset,
             record_timestamp=message.timestamp_ms,
-            deadline=decision.deadline_ms,
+            deadline=_header_time(decision.deadline_ms),
             group=self.group,
             partition=partition,
         )
@@ -624,6 +738,22 @@ def _policy(spec: Any, **options: Any) -> Any:
     return policy(spec, **options)
 
 
+def _safe_repr(value: object, limit: int | None = 200) -> str:
+    """repr() for logs and reasons, which a broken __repr__ must not turn into a crash."""
+    try:
+        return repr(value)[:limit]
+    except Exception:  # noqa: BLE001 - any failure of user code in __repr__
+        return f"<unprintable {type(value).__name__}>"
+
+
+def _header_time(ms: int | None) -> int | None:
+    """A time as a header can hold it. A policy deadline counted from a far-future
+    (forged) timestamp can pass the largest; a later deadline would mean nothing more."""
+    return None if ms is None else min(ms, MAX_INT64)
+
+
 def _timestamp(record: KafkaMessage) -> int | None:
+    """The record's time; None when it has none (type 0) or it is negative: the only
+    negative time a producer may mean is -1, none, and a later header cannot hold it."""
     kind, value = record.timestamp()
     return value if kind != 0 and value >= 0 else None

@@ -64,6 +64,14 @@ class Route:
             nominal = max(self.tiers)
         return self.tiers[nominal]
 
+    def tier_delay_ms(self, tier: str) -> int:
+        """The nominal delay of one of this route's tier topics: the longest a record
+        written there by redrive waits (jitter only shortens delays)."""
+        for delay, name in self.tiers.items():
+            if name == tier:
+                return delay
+        raise KeyError(tier)
+
     def topics(self) -> dict[str, Kind]:
         """Every topic this route reads, and what it is to the route."""
         read: dict[str, Kind] = {self.topic: "source"}
