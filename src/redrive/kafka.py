@@ -14,11 +14,17 @@ import operator
 from collections.abc import Sequence
 from typing import Any, Final, cast
 
-from confluent_kafka import Consumer, Message
+from confluent_kafka import Consumer, KafkaError, Message
 
 from redrive.headers import Header
 
 KafkaHeaders = list[tuple[str, str | bytes | None]]
+
+BATCH_WIDE_REFUSALS: Final = frozenset(
+    {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_RECORD, KafkaError.RECORD_LIST_TOO_LARGE}
+)
+"""Errors a broker returns for a whole batch of records: every message of the batch
+gets one, though maybe only one of them is at fault. Sent again alone, the others go."""
 
 # What CPython's repr prints for an empty slot of a tuple (PyObject_Repr(NULL)).
 _EMPTY_SLOT: Final = "(<NULL>, "
@@ -47,9 +53,12 @@ def read_headers(msg: Message) -> tuple[list[Header], str | None]:
     strings, so it arrives cut at the NUL.)
     """
     try:
-        return cast(list[Header], list(_headers(msg) or [])), None
+        headers = _headers(msg)
     except (SystemError, UnicodeDecodeError, ValueError) as exc:
         first = exc
+    else:
+        # The message's own list, not a copy: this is on every record's path.
+        return cast("list[Header]", headers) if headers else [], None
     try:
         cached = _headers(msg) or []
     except Exception:  # noqa: BLE001 - nothing more can be read of these headers

@@ -1,6 +1,7 @@
-"""Helpers for the fault tests: the mode (short or long), a steady load with a counter of
-every message the broker acknowledged, the retry service and consumer apps as real
-processes that can be SIGKILLed, and the report each test prints.
+"""Helpers for the fault tests: the mode (short or long), the records of a steady load
+(the load itself, with a counter of every message the broker acknowledged, is
+service_harness.Load), the retry service and consumer apps as real processes that can
+be SIGKILLed, and the report each test prints.
 
 `REDRIVE_CHAOS=long` selects the long mode (bigger load, more kills, longer outages);
 anything else the short one. `REDRIVE_CHAOS_SEED` overrides the seed of the injected
@@ -16,7 +17,6 @@ import random
 import re
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -26,10 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import KafkaError, Message, Producer
-
 from redrive.service.config import ServiceSettings
-from tests.integration.service_harness import ChildProcess, ServiceProcess
+from tests.integration.service_harness import ChildProcess, Record, ServiceProcess
 
 
 @dataclass(frozen=True)
@@ -116,97 +114,7 @@ def failures_for(rng: random.Random) -> int:
 
 # ---------------------------------------------------------------------- load
 
-
-Record = dict[str, Any]
-
-
-class Load:
-    """Produces numbered records at a steady rate from a thread and counts, by value,
-    every record the broker acknowledged (`sent`). A record the broker refused is
-    produced again, so after `finish` every record made is in `sent`. Survives a broker
-    outage: records wait in the producer's queue until the broker is back."""
-
-    def __init__(
-        self,
-        bootstrap: str,
-        topic: str,
-        rate: int,
-        make: Callable[[int], Record],
-        *,
-        name: str = "load",
-    ) -> None:
-        self.topic = topic
-        self.rate = rate
-        self.make = make
-        self.name = name
-        self.producer = Producer(
-            {
-                "bootstrap.servers": bootstrap,
-                "enable.idempotence": True,
-                "linger.ms": 5,
-                "message.timeout.ms": 900_000,
-                "log_level": 2,  # not every refused connection of an outage
-            }
-        )
-        self.made = 0
-        self.sent: set[bytes] = set()
-        self.refused = 0
-        self._retry: list[Record] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"chaos-{name}", daemon=True)
-
-    def start(self) -> Load:
-        self.started = time.monotonic()
-        self._thread.start()
-        return self
-
-    def _produce(self, record: Record) -> None:
-        def delivered(err: KafkaError | None, msg: Message) -> None:
-            if err is None:
-                self.sent.add(record["value"])
-            else:
-                self.refused += 1
-                self._retry.append(record)
-
-        while True:
-            try:
-                self.producer.produce(self.topic, on_delivery=delivered, **record)
-                return
-            except BufferError:
-                self.producer.poll(0.05)
-
-    def _again(self) -> None:
-        retry, self._retry = self._retry, []
-        for record in retry:
-            self._produce(record)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            due = int((time.monotonic() - self.started) * self.rate)
-            while self.made < due:
-                self._produce(self.make(self.made))
-                self.made += 1
-            self._again()
-            self.producer.poll(0.05)
-
-    def stop(self) -> None:
-        """Stop making records (idempotent; also what a failed test's clean-up calls)."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(30)
-
-    def finish(self, timeout_s: float = 300) -> set[bytes]:
-        """Stop producing; return once every record made is acknowledged."""
-        self.stop()
-        deadline = time.monotonic() + timeout_s
-        while len(self.sent) < self.made and time.monotonic() < deadline:
-            self.producer.flush(1.0)
-            self._again()
-        assert len(self.sent) == self.made, (
-            f"{self.name}: {self.made - len(self.sent)} records never acknowledged"
-        )
-        self.producer.close()
-        return self.sent
+# The steady load itself is service_harness.Load (the recovery test uses it too).
 
 
 def app_records(prefix: str, rng: random.Random) -> Callable[[int], Record]:

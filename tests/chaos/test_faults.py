@@ -39,8 +39,6 @@ from tests.chaos.harness import (
     FAST_GROUP,
     MODE,
     AppProcess,
-    Load,
-    Record,
     Service,
     app_records,
     now_ms,
@@ -54,6 +52,8 @@ from tests.chaos.harness import (
 from tests.integration.consumer_harness import retry_service
 from tests.integration.service_harness import (
     Collector,
+    Load,
+    Record,
     fresh_database,
     pending_count,
     produce,

@@ -7,16 +7,17 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import psycopg
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, KafkaError, Message, Producer
 
 from redrive.headers import Header, RetryHeaders, encode
 from redrive.kafka import consume_available
@@ -129,9 +130,21 @@ def request_headers(
     return encode(RetryHeaders(destination=destination, retry_at=retry_at, **fields), user_headers)
 
 
-def produce(bootstrap: str, topic: str, records: list[dict[str, Any]]) -> None:
+def produce(
+    bootstrap: str,
+    topic: str,
+    records: list[dict[str, Any]],
+    config: dict[str, Any] | None = None,
+) -> None:
+    """Produce the records (keyword arguments of Producer.produce) and wait for them;
+    `config` adds to the producer's settings (e.g. message.max.bytes)."""
     producer = Producer(
-        {"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True}
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 5,
+            "enable.idempotence": True,
+            **(config or {}),
+        }
     )
     for record in records:
         while True:
@@ -143,6 +156,98 @@ def produce(bootstrap: str, topic: str, records: list[dict[str, Any]]) -> None:
         producer.poll(0)
     assert producer.flush(60) == 0
     producer.close()
+
+
+Record = dict[str, Any]
+
+
+class Load:
+    """Produces numbered records at a steady rate from a thread and counts, by value,
+    every record the broker acknowledged (`sent`). A record the broker refused is
+    produced again, so after `finish` every record made is in `sent`. Survives a broker
+    outage: records wait in the producer's queue until the broker is back."""
+
+    def __init__(
+        self,
+        bootstrap: str,
+        topic: str,
+        rate: int,
+        make: Callable[[int], Record],
+        *,
+        name: str = "load",
+    ) -> None:
+        self.topic = topic
+        self.rate = rate
+        self.make = make
+        self.name = name
+        self.producer = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "enable.idempotence": True,
+                "linger.ms": 5,
+                "message.timeout.ms": 900_000,
+                "log_level": 2,  # not every refused connection of an outage
+            }
+        )
+        self.made = 0
+        self.sent: set[bytes] = set()
+        self.refused = 0
+        self._retry: list[Record] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"load-{name}", daemon=True)
+
+    def start(self) -> Load:
+        self.started = time.monotonic()
+        self._thread.start()
+        return self
+
+    def _produce(self, record: Record) -> None:
+        def delivered(err: KafkaError | None, msg: Message) -> None:
+            if err is None:
+                self.sent.add(record["value"])
+            else:
+                self.refused += 1
+                self._retry.append(record)
+
+        while True:
+            try:
+                self.producer.produce(self.topic, on_delivery=delivered, **record)
+                return
+            except BufferError:
+                self.producer.poll(0.05)
+
+    def _again(self) -> None:
+        retry, self._retry = self._retry, []
+        for record in retry:
+            self._produce(record)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            due = int((time.monotonic() - self.started) * self.rate)
+            while self.made < due:
+                self._produce(self.make(self.made))
+                self.made += 1
+            self._again()
+            self.producer.poll(0.05)
+
+    def stop(self) -> None:
+        """Stop making records (idempotent; also what a failed test's clean-up calls)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(30)
+
+    def finish(self, timeout_s: float = 300) -> set[bytes]:
+        """Stop producing; return once every record made is acknowledged."""
+        self.stop()
+        deadline = time.monotonic() + timeout_s
+        while len(self.sent) < self.made and time.monotonic() < deadline:
+            self.producer.flush(1.0)
+            self._again()
+        assert len(self.sent) == self.made, (
+            f"{self.name}: {self.made - len(self.sent)} records never acknowledged"
+        )
+        self.producer.close()
+        return self.sent
 
 
 @dataclass

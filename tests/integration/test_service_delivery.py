@@ -102,11 +102,45 @@ def test_without_partition_the_key_decides_like_any_producer(
     assert all(len(parts) == 1 for parts in partitions_by_key.values())
 
 
+# What the test producers may send: a 1,000,000-byte value with its record around it
+# is above librdkafka's default message.max.bytes (1,000,000), but within what the
+# broker accepts by default on a topic (1,048,588).
+BIG_PRODUCER = {"message.max.bytes": 1_048_588}
+
+
+def test_a_request_as_large_as_the_requests_topic_accepts_is_delivered_byte_exact(
+    bootstrap: str, database_url: str, new_topic: Callable[..., str]
+) -> None:
+    # Whatever intake can receive the scheduler must be able to send: its producer's
+    # limit follows the requests topic's, not librdkafka's lower default.
+    destination = new_topic("large")
+    db = fresh_database(database_url)
+    settings = settings_for(bootstrap, db, allowed_destinations=[destination])
+    value = os.urandom(1_000_000)
+    due = now_ms() + 500
+    with running_service(settings):
+        collector = Collector(bootstrap, destination)
+        produce(
+            bootstrap,
+            settings.requests_topic,
+            [{"key": b"big", "value": value, "headers": request_headers(destination, due)}],
+            config=BIG_PRODUCER,
+        )
+        deliveries = collector.poll_until(1, 30.0)
+        collector.close()
+    assert dead_letters(db) == []
+    assert [(d.key, len(d.value or b"")) for d in deliveries] == [(b"big", 1_000_000)]
+    assert deliveries[0].value == value, "delivered byte for byte"
+    assert deliveries[0].received_ms >= due
+    assert pending_count(db) == 0
+
+
 def test_a_message_its_destination_refuses_for_good_becomes_a_dead_letter(
     bootstrap: str, database_url: str
 ) -> None:
     # A destination whose messages may not exceed 2 KiB: a 10 KB retry can never be
-    # delivered there, however often it is tried, so it must not stay pending.
+    # delivered there, however often it is tried, so it must not stay pending. Nor can
+    # a 1,000,000-byte one, which the broker, not the scheduler's producer, must judge.
     destination = f"small-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": bootstrap})
     created = admin.create_topics(
@@ -119,21 +153,46 @@ def test_a_message_its_destination_refuses_for_good_becomes_a_dead_letter(
     records = [
         {"key": b"big", "value": os.urandom(10_000), "headers": request_headers(destination, due)},
         {"key": b"small", "value": b"fits", "headers": request_headers(destination, due + 1)},
+        {
+            "key": b"huge",
+            "value": os.urandom(1_000_000),
+            "headers": request_headers(destination, due + 2),
+        },
+        *(
+            {
+                "key": f"after-{i}".encode(),
+                "value": b"fits",
+                "headers": request_headers(destination, due + 3 + i),
+            }
+            for i in range(3)
+        ),
     ]
     with running_service(settings):
         collector = Collector(bootstrap, destination)
         collector.poll_until(1, 1.0)
-        produce(bootstrap, settings.requests_topic, records)
-        deliveries = collector.poll_until(1, 15.0)
+        produce(bootstrap, settings.requests_topic, records, config=BIG_PRODUCER)
+        deliveries = collector.poll_until(4, 15.0)
         deadline = time.monotonic() + 15
-        while not dead_letters(db) and time.monotonic() < deadline:
+        while len(dead_letters(db)) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
         collector.close()
-    assert [d.key for d in deliveries] == [b"small"], "the small one was delivered"
+    # The scheduler goes on delivering what follows a message it could not deliver.
+    # (In any order: a batch the broker refused whole is produced again one by one.)
+    assert sorted(d.key or b"" for d in deliveries) == [
+        b"after-0",
+        b"after-1",
+        b"after-2",
+        b"small",
+    ]
     letters = dead_letters(db)
     assert [(bytes(d["msg_key"]), d["reason_code"], d["source"]) for d in letters] == [
-        (b"big", "delivery_failed", "scheduler")
+        (b"big", "delivery_failed", "scheduler"),
+        (b"huge", "delivery_failed", "scheduler"),
     ]
-    assert "too large" in letters[0]["reason"].lower() or "size" in letters[0]["reason"].lower()
-    assert bytes(letters[0]["msg_value"]) == records[0]["value"], "kept whole"
+    for letter, record in zip(letters, (records[0], records[2]), strict=True):
+        # The destination's broker refused it (not the scheduler's own producer, whose
+        # refusal reads "Unable to produce message: ..."), and the reason says so.
+        assert letter["reason"].endswith(": Broker: Message size too large"), letter["reason"]
+        assert destination in letter["reason"]
+        assert bytes(letter["msg_value"]) == record["value"], "kept whole"
     assert pending_count(db) == 0, "nothing stays pending, retried forever"

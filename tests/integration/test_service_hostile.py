@@ -337,3 +337,49 @@ def test_ten_thousand_headers_and_extreme_values_do_not_stop_intake(intake: Inta
         30,
         "the good request after the hostile ones",
     )
+
+
+def test_a_dead_letter_the_dlq_topic_refuses_is_kept_and_intake_goes_on(
+    bootstrap: str, database_url: str, new_topic: Callable[..., str]
+) -> None:
+    """With mirror_dead_letters, a letter too large for the DLQ topic stays in the store
+    (logged and counted) and intake goes on: it used to crash, again at every restart."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    dest = new_topic("mirror-dest")
+    dlq = f"small-dlq-{now_ms()}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    created = admin.create_topics(
+        [NewTopic(dlq, num_partitions=1, config={"max.message.bytes": "2048"})]
+    )
+    created[dlq].result(30)
+    db = fresh_database(database_url)
+    svc_settings = settings_for(
+        bootstrap, db, allowed_destinations=[dest], mirror_dead_letters=True, dlq_topic=dlq
+    )
+    big = bytes(range(256)) * 40  # 10 KB: stored, but beyond the DLQ topic's limit
+    records = [
+        {"key": b"big", "value": big, "headers": request_headers(dest, now_ms(), send_to="dlq")},
+        {
+            "key": b"small",
+            "value": b"fits",
+            "headers": request_headers(dest, now_ms(), send_to="dlq"),
+        },
+        {"key": b"good", "value": b"due", "headers": request_headers(dest, now_ms())},
+    ]
+    with running_service(svc_settings) as service:
+        produce(bootstrap, svc_settings.requests_topic, records)
+        mirrored = Collector(bootstrap, dlq)
+        delivered = Collector(bootstrap, dest)
+        try:
+            assert [d.key for d in mirrored.poll_until(1, 30)] == [b"small"]
+            assert [d.value for d in delivered.poll_until(1, 30)] == [b"due"]
+            wait_for(lambda: len(dead_letters(db)) == 2, 30, "both dead letters stored")
+            assert all(service.readiness().values()), service.readiness()
+            refused = service.metrics.delivery_errors.labels("mirror_refused")._value.get()
+        finally:
+            mirrored.close()
+            delivered.close()
+    stored = {bytes(letter["msg_key"]): bytes(letter["msg_value"]) for letter in dead_letters(db)}
+    assert stored == {b"big": big, b"small": b"fits"}
+    assert refused == 1

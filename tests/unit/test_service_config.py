@@ -63,3 +63,39 @@ def test_allowlist_globs_and_the_doors_always_closed() -> None:
     assert everything.destination_allowed("anything")
     assert not everything.destination_allowed("__consumer_offsets")
     assert not everything.destination_allowed("redrive.requests")  # no loops
+
+
+def test_instance_id_defaults_to_host_and_fixed_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    monkeypatch.setattr(socket, "gethostname", lambda: "worker-3.example")
+    assert ServiceSettings(http_port=8080).group_instance_id() == "redrive-worker-3.example-8080"
+    # Any free port is not stable across restarts, and is no id: dynamic membership.
+    assert ServiceSettings(http_port=0).group_instance_id() is None
+    monkeypatch.setenv("REDRIVE_INSTANCE_ID", "orders-retry-1")
+    assert load_settings(http_port=0).group_instance_id() == "orders-retry-1"
+    monkeypatch.setenv("REDRIVE_INSTANCE_ID", "")  # explicitly none
+    assert load_settings(http_port=8080).group_instance_id() is None
+    # librdkafka's own setting, when given for intake, is the one used.
+    explicit = ServiceSettings(intake_kafka={"group.instance.id": "mine"}, instance_id="other")
+    assert explicit.group_instance_id() == "mine"
+
+
+def test_a_host_name_the_broker_would_refuse_is_made_legal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import socket
+
+    monkeypatch.setattr(socket, "gethostname", lambda: "host:with spaces" + "x" * 300)
+    instance_id = ServiceSettings(http_port=9000).group_instance_id()
+    assert instance_id is not None and instance_id.startswith("redrive-host-with-spaces")
+    assert instance_id.endswith("-9000") and len(instance_id) <= 249
+    assert ServiceSettings(instance_id=instance_id)  # passes the setting's own check
+
+
+def test_an_illegal_instance_id_is_refused_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REDRIVE_INSTANCE_ID", "two words")
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert info.value.setting == "instance_id (REDRIVE_INSTANCE_ID)"
+    assert "not a legal group instance id" in info.value.problem

@@ -10,6 +10,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
+import socket
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,6 +27,7 @@ from redrive.errors import ConfigError
 Role = Literal["intake", "scheduler"]
 ALL_ROLES: tuple[Role, ...] = ("intake", "scheduler")
 _TOPIC = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+_INSTANCE_ID = _TOPIC  # the broker checks group.instance.id like a topic name
 
 
 class ServiceSettings(BaseSettings):
@@ -66,6 +68,13 @@ class ServiceSettings(BaseSettings):
         "(__*) and the requests topic are always refused.",
     )
     group_id: str = "redrive-service"
+    instance_id: str | None = Field(
+        None,
+        description="Intake's static membership of its consumer group (group.instance.id): "
+        "a restarted instance takes its partitions back at once instead of after the "
+        "session timeout. Unset: the host name and http_port when the port is fixed, none "
+        "when it is 0. Empty: no static membership. Each instance needs its own.",
+    )
     roles: list[Role] = Field(default_factory=lambda: list(ALL_ROLES))
     intake_batch_size: int = Field(500, ge=1, le=100_000)
     intake_linger_ms: int = Field(
@@ -113,6 +122,17 @@ class ServiceSettings(BaseSettings):
             raise ValueError(f"{value!r} is not a legal Kafka topic name")
         return value
 
+    @field_validator("instance_id")
+    @classmethod
+    def _instance_id(cls, value: str | None) -> str | None:
+        # The broker's rule for group.instance.id; "" turns static membership off.
+        if value and (not _INSTANCE_ID.match(value) or value in {".", ".."}):
+            raise ValueError(
+                f"{value!r} is not a legal group instance id (letters, digits, '.', '_', "
+                "'-'; at most 249)"
+            )
+        return value
+
     @field_validator("allowed_destinations")
     @classmethod
     def _patterns(cls, value: list[str]) -> list[str]:
@@ -141,6 +161,27 @@ class ServiceSettings(BaseSettings):
         if topic.startswith("__") or topic in {self.requests_topic}:
             return False
         return any(fnmatch.fnmatchcase(topic, pattern) for pattern in self.allowed_destinations)
+
+    def group_instance_id(self) -> str | None:
+        """Intake's group.instance.id, or None for dynamic membership (see instance_id).
+
+        The default must be stable across restarts of one instance and differ between
+        instances: two instances on one host cannot both listen on one fixed port, and
+        hosts have distinct names. With port 0 nothing stable tells instances apart.
+        """
+        if "group.instance.id" in self.intake_kafka:  # the explicit librdkafka setting wins
+            return str(self.intake_kafka["group.instance.id"]) or None
+        if self.instance_id is not None:
+            return self.instance_id or None
+        if not self.http_port:
+            return None
+        return default_instance_id(socket.gethostname(), self.http_port)
+
+
+def default_instance_id(host: str, port: int) -> str:
+    """`redrive-<host>-<port>`, with what the broker does not accept in an id replaced."""
+    safe = re.sub(r"[^a-zA-Z0-9._-]", "-", host)[:200] or "host"
+    return f"redrive-{safe}-{port}"
 
 
 def load_settings(config_file: Path | None = None, **overrides: Any) -> ServiceSettings:

@@ -26,8 +26,9 @@ from typing import Any
 import structlog
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
-from redrive.kafka import consume_available, kafka_headers
+from redrive.kafka import BATCH_WIDE_REFUSALS, consume_available, kafka_headers
 from redrive.service.config import ServiceSettings
+from redrive.service.membership import GroupConsumer, static_membership
 from redrive.service.metrics import ServiceMetrics
 from redrive.service.requests import Incoming, IntakeRules, Reason, classify
 from redrive.service.store import DeadLetter, PendingRetry, Store, StoreUnavailable
@@ -68,6 +69,7 @@ class Intake:
         metrics: ServiceMetrics,
         stop: threading.Event,
         on_scheduled: Callable[[int], None] = lambda due_ms: None,
+        producer_config: dict[str, Any] | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -75,10 +77,15 @@ class Intake:
         self.metrics = metrics
         self.stop = stop
         self.on_scheduled = on_scheduled
-        self.consumer = Consumer(
+        # Raises a fatal group error (another instance took this one's instance id)
+        # instead of returning it as a message: the consumer is dead after one.
+        self.consumer = GroupConsumer(
             {
                 **kafka_config,
                 "group.id": settings.group_id,
+                # A restarted instance takes its partitions back at once rather than
+                # after the session timeout (see redrive.service.membership).
+                **static_membership(settings),
                 "enable.auto.commit": False,
                 "enable.auto.offset.store": False,
                 "auto.offset.reset": "earliest",
@@ -90,7 +97,9 @@ class Intake:
             }
         )
         self.mirror = (
-            Producer({**kafka_config, "enable.idempotence": True})
+            # The service's producer settings: a dead letter near the requests topic's
+            # size limit must not be refused by librdkafka's smaller default.
+            Producer({**(producer_config or kafka_config), "enable.idempotence": True})
             if (settings.mirror_dead_letters)
             else None
         )
@@ -331,14 +340,59 @@ class Intake:
             log.warning("offset commit failed; requests will be read again", error=str(exc))
 
     def _mirror(self, dead: list[DeadLetter]) -> None:
+        """Copy the stored dead letters to the DLQ topic. They are already durable in
+        the store, so a copy the broker refuses is logged and counted, never a reason
+        to stop intake (which would meet the same request again at every restart).
+        A letter refused with its whole batch is sent again alone: only one refused
+        alone has failed."""
         if self.mirror is None or not dead:
             return
+        for letter, error in self._mirror_batch(dead):
+            if error.code() in BATCH_WIDE_REFUSALS:
+                again = self._mirror_batch([letter])
+                if not again:
+                    continue
+                error = again[0][1]
+            self._mirror_failed(letter, error.str())
+
+    def _mirror_batch(self, dead: list[DeadLetter]) -> list[tuple[DeadLetter, KafkaError]]:
+        """Produce the letters and wait for the broker; those it refused, with why."""
+        mirror = self.mirror
+        assert mirror is not None
+        refused: list[tuple[DeadLetter, KafkaError]] = []
         for letter in dead:
             headers = [*letter.headers, (DEAD_LETTER_REASON_HEADER, letter.reason.encode())]
-            self.mirror.produce(
-                self.settings.dlq_topic,
-                key=letter.key,
-                value=letter.value,
-                headers=kafka_headers(headers),
-            )
-        self.mirror.flush(30)
+
+            def delivered(err: KafkaError | None, _: Message, letter: DeadLetter = letter) -> None:
+                if err is not None:
+                    refused.append((letter, err))
+
+            while True:
+                try:
+                    mirror.produce(
+                        self.settings.dlq_topic,
+                        key=letter.key,
+                        value=letter.value,
+                        headers=kafka_headers(headers),
+                        on_delivery=delivered,
+                    )
+                    break
+                except BufferError:  # the local queue is full: let deliveries drain
+                    mirror.poll(0.1)
+                except KafkaException as exc:  # refused before sending (too large, ...)
+                    refused.append((letter, exc.args[0]))
+                    break
+        mirror.flush(30)
+        return refused
+
+    def _mirror_failed(self, letter: DeadLetter, error: str) -> None:
+        self.metrics.delivery_errors.labels("mirror_refused").inc()
+        request = letter.request
+        log.error(
+            "dead letter stored but not mirrored to the DLQ topic",
+            dlq_topic=self.settings.dlq_topic,
+            topic=request.topic if request else None,
+            partition=request.partition if request else None,
+            offset=request.offset if request else None,
+            error=error,
+        )

@@ -34,7 +34,7 @@ from typing import Any
 import structlog
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from redrive.kafka import kafka_headers
+from redrive.kafka import BATCH_WIDE_REFUSALS, kafka_headers
 from redrive.service.config import ServiceSettings
 from redrive.service.metrics import ServiceMetrics
 from redrive.service.store import ClaimedRetry, Settlement, Store, StoreUnavailable
@@ -55,13 +55,8 @@ _PERMANENT = {
     KafkaError.UNKNOWN_TOPIC_OR_PART,
     KafkaError.TOPIC_EXCEPTION,
 }
-# Of those, the ones a broker returns for a whole batch of records: every message in
-# the batch gets the error, though maybe only one of them is at fault.
-_BATCH_WIDE = {
-    KafkaError.MSG_SIZE_TOO_LARGE,
-    KafkaError.INVALID_RECORD,
-    KafkaError.RECORD_LIST_TOO_LARGE,
-}
+# Of those, the ones a broker returns for a whole batch of records.
+_BATCH_WIDE = BATCH_WIDE_REFUSALS
 
 
 def now_ms() -> int:

@@ -17,11 +17,10 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
-import uvicorn
-from confluent_kafka import Producer
+from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from redrive import __version__
@@ -29,7 +28,6 @@ from redrive.errors import ConfigError
 from redrive.local.process import listener_of, port_in_use
 from redrive.service.auth import Tokens
 from redrive.service.config import ServiceSettings
-from redrive.service.http import create_app
 from redrive.service.intake import Intake
 from redrive.service.metrics import ServiceMetrics
 from redrive.service.notify import listen
@@ -38,11 +36,24 @@ from redrive.service.replay import Replayer
 from redrive.service.requests import IntakeRules
 from redrive.service.scheduler import Scheduler
 from redrive.service.store import Store, StoreUnavailable
-from redrive.service.topics import TopicMetadata, ensure_topic
+from redrive.service.topics import TopicMetadata, ensure_topic, max_message_bytes
+
+if TYPE_CHECKING:
+    import uvicorn
 
 log = structlog.get_logger("redrive.service")
 
 REQUESTS_TOPIC_PARTITIONS = 6
+
+# librdkafka refuses to produce a message above its `message.max.bytes` (1,000,000 by
+# default), below Kafka's default topic limit (1,048,588): a request intake accepted
+# could never be sent. The service's producers take the requests topic's limit instead,
+# plus room for the framing around a record (the setting also bounds librdkafka's
+# produce requests as a whole).
+LIBRDKAFKA_DEFAULT_MAX_BYTES = 1_000_000
+LIBRDKAFKA_MAX_MAX_BYTES = 1_000_000_000
+KAFKA_DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
+PRODUCE_REQUEST_MARGIN = 64 * 1024
 
 
 def resolve_endpoints(settings: ServiceSettings) -> tuple[str, str]:
@@ -121,7 +132,8 @@ class RetryService:
         metadata = TopicMetadata(admin)
         self.operations = Operations(self.store)
         self.tokens = Tokens(self.store)
-        self._replay_producer = Producer({**self.kafka_config, "enable.idempotence": True})
+        producer_config = {**self.kafka_config, **self._producer_limit(admin)}
+        self._replay_producer = Producer({**producer_config, "enable.idempotence": True})
         self.replayer = Replayer(
             self._replay_producer, s.destination_allowed, metadata.partitions_of
         )
@@ -131,8 +143,9 @@ class RetryService:
                 "but internal ones; set allowed_destinations"
             )
         if "scheduler" in s.roles:
+            # (scheduler_kafka, applied by the scheduler over this, still wins.)
             self.scheduler = Scheduler(
-                s, self.kafka_config, self.store, self.metrics, self.stop_event
+                s, producer_config, self.store, self.metrics, self.stop_event
             )
             self._spawn("scheduler", self.scheduler.run)
             self._spawn("notify", lambda: listen(self.database_url, self._wake, self.stop_event))
@@ -151,6 +164,7 @@ class RetryService:
                 self.metrics,
                 self.stop_event,
                 on_scheduled=self._wake,
+                producer_config=producer_config,
             )
             self._spawn("intake", self.intake.run)
         self._start_http()
@@ -160,7 +174,33 @@ class RetryService:
             database=_redact(self.database_url),
             roles=list(s.roles),
             http=f"http://{s.http_host}:{self.http_port}",
+            group_instance_id=s.group_instance_id() if "intake" in s.roles else None,
+            producer_max_message_bytes=producer_config.get("message.max.bytes"),
         )
+
+    def _producer_limit(self, admin: AdminClient) -> dict[str, Any]:
+        """`message.max.bytes` for the scheduler's and replays' producers: what the
+        requests topic accepts plus a margin, so that whatever intake can receive the
+        service can send, and the destination's broker is the only judge of its size.
+        Nothing if the `kafka` setting names it (then it wins)."""
+        s = self.settings
+        if "message.max.bytes" in s.kafka:
+            return {}
+        try:
+            limit = max_message_bytes(admin, s.requests_topic)
+        except (KafkaException, TimeoutError, KeyError, ValueError) as exc:
+            # E.g. no DescribeConfigs permission: assume the topic has Kafka's default.
+            limit = KAFKA_DEFAULT_MAX_MESSAGE_BYTES
+            log.warning(
+                "cannot read the requests topic's max.message.bytes; the scheduler "
+                "assumes Kafka's default (set message.max.bytes in scheduler_kafka if "
+                "the topic allows more)",
+                topic=s.requests_topic,
+                assumed=limit,
+                error=str(exc),
+            )
+        wanted = max(limit + PRODUCE_REQUEST_MARGIN, LIBRDKAFKA_DEFAULT_MAX_BYTES)
+        return {"message.max.bytes": min(wanted, LIBRDKAFKA_MAX_MAX_BYTES)}
 
     def wake_scheduler(self) -> None:
         self._wake(0)
@@ -173,6 +213,16 @@ class RetryService:
         def run() -> None:
             try:
                 target()
+            except ConfigError as exc:  # a setting proved wrong while running (instance_id)
+                self.failed = exc
+                log.error(
+                    "a setting is wrong; stopping the service",
+                    role=name,
+                    setting=exc.setting,
+                    problem=exc.problem,
+                    fix=exc.fix,
+                )
+                self.stop_event.set()
             except BaseException as exc:  # a role died: stop the whole service, loudly
                 self.failed = exc
                 log.exception("role crashed; stopping the service", role=name)
@@ -183,6 +233,12 @@ class RetryService:
         self.threads.append(thread)
 
     def _start_http(self) -> None:
+        # Imported here, after the roles started: the web stack takes a few hundred ms
+        # to import, which a restarted instance need not wait for to deliver again.
+        import uvicorn
+
+        from redrive.service.http import create_app
+
         s = self.settings
         config = uvicorn.Config(
             create_app(self),
@@ -242,6 +298,8 @@ class RetryService:
         while not self.stop_event.wait(0.5):
             pass
         self.stop()
+        if isinstance(self.failed, ConfigError):
+            raise self.failed  # the command line prints it, naming the setting (exit 2)
         return 1 if self.failed else 0
 
 
