@@ -49,6 +49,9 @@ def main(argv: list[str] | None = None) -> int:
         default="6000",
         help="consumer group session timeout: how long the group waits for a killed member",
     )
+    parser.add_argument(
+        "--instance-id", default=None, help="static group membership (App(instance_id=...))"
+    )
     args = parser.parse_args(argv)
 
     configure("json")
@@ -79,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         args.bootstrap,
         group=args.group,
         requests_topic=args.requests_topic,
-        kafka={
+        instance_id=args.instance_id,
+        consumer_kafka={
             "session.timeout.ms": args.session_timeout_ms,
             "heartbeat.interval.ms": "1000",
         },

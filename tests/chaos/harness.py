@@ -224,6 +224,8 @@ class AppProcess(ChildProcess):
     requests_topic: str
     folder: Path
     policy: str = "200ms x8"
+    session_timeout_ms: str = FAST_GROUP["session.timeout.ms"]
+    instance_id: str | None = None
     runs: int = 0
     proc: subprocess.Popen[bytes] | None = None
     pids: list[int] = field(default_factory=list)
@@ -255,7 +257,8 @@ class AppProcess(ChildProcess):
                 "--policy",
                 self.policy,
                 "--session-timeout-ms",
-                FAST_GROUP["session.timeout.ms"],
+                self.session_timeout_ms,
+                *(["--instance-id", self.instance_id] if self.instance_id else []),
             ],
             env=env,
             stdout=log,

@@ -195,6 +195,6 @@ def test_two_instances_sharing_an_instance_id_stop_the_older_naming_the_setting(
     log = older.log_path.read_text()
     assert code == 2, log[-3000:]
     assert "redrive: instance_id (REDRIVE_INSTANCE_ID): another instance joined" in log
-    assert "'shared-id'" in log and "fix: give each instance its own instance_id" in log
+    assert "'shared-id'" in log and "fix: give each instance its own id" in log
     assert "Traceback" not in log
     assert newer_code == 0

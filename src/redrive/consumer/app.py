@@ -61,6 +61,7 @@ from redrive.headers import (
     read_delivery_headers,
 )
 from redrive.kafka import consume_available, read_headers
+from redrive.membership import fatal_group_error, static_membership
 from redrive.policy import DeadLetter, DeadLetterReason, FatalError, Retry, policy
 
 log = structlog.get_logger("redrive.consumer")
@@ -70,6 +71,7 @@ RetryHook = Callable[[Message, Retry, BaseException], None]
 DeadLetterHook = Callable[[Message | None, DeadLetter, BaseException], None]
 
 DEFAULT_POLICY = "1s, 10s, 1m"
+INSTANCE_ID_SETTING = "App(instance_id=...)"
 TIER_CLOCK_SLACK_MS = 60_000
 """How much later than its tier's delay a tier record may be due and still be waited
 for: room for clocks of app instances that disagree. Anything later is forged or
@@ -142,6 +144,12 @@ class App:
     depths: the producer would warn about those). ``requests_topic`` is the retry
     service's (strategy ``service``), by default REDRIVE_REQUESTS_TOPIC, else
     ``redrive.requests``, as for the service.
+
+    ``instance_id`` makes the App a static member of its group (``group.instance.id``):
+    restarted after a crash, it takes its partitions back at once instead of after the
+    broker's session timeout (45 s by default). It must be stable across restarts of
+    one instance and differ between instances (a pod name in a StatefulSet, a host
+    name): two running Apps with one id stop the older with a ConfigError.
     """
 
     def __init__(
@@ -151,6 +159,7 @@ class App:
         *,
         kafka: Mapping[str, Any] | None = None,
         consumer_kafka: Mapping[str, Any] | None = None,
+        instance_id: str | None = None,
         requests_topic: str | None = None,
         batch_size: int = 500,
         commit_interval_s: float = 1.0,
@@ -162,7 +171,7 @@ class App:
         self.bootstrap = bootstrap or os.environ.get("REDRIVE_BOOTSTRAP", "localhost:9092")
         self.group = group
         self.kafka = dict(kafka or {})
-        self.consumer_kafka = dict(consumer_kafka or {})
+        self.consumer_kafka = {**static_membership(instance_id), **(consumer_kafka or {})}
         self.requests_topic = requests_topic or os.environ.get(
             "REDRIVE_REQUESTS_TOPIC", "redrive.requests"
         )
@@ -331,6 +340,11 @@ class App:
         for index, record in enumerate(records):
             error = record.error()
             if error is not None:
+                # librdkafka reports a fatal consumer error as an error event of code
+                # _FATAL (its fatal() flag unset): the consumer is dead, say why.
+                if error.code() == KafkaError._FATAL:
+                    instance_id = self.consumer_kafka.get("group.instance.id")
+                    raise fatal_group_error(error, self.group, instance_id, INSTANCE_ID_SETTING)
                 if error.code() != KafkaError._PARTITION_EOF:
                     log.warning("consume error", error=error.str())
                 continue

@@ -27,8 +27,8 @@ import structlog
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from redrive.kafka import BATCH_WIDE_REFUSALS, consume_available, kafka_headers
+from redrive.membership import GroupConsumer, static_membership
 from redrive.service.config import ServiceSettings
-from redrive.service.membership import GroupConsumer, static_membership
 from redrive.service.metrics import ServiceMetrics
 from redrive.service.requests import Incoming, IntakeRules, Reason, classify
 from redrive.service.store import DeadLetter, PendingRetry, Store, StoreUnavailable
@@ -37,6 +37,7 @@ from redrive.service.topics import MetadataUnavailable
 log = structlog.get_logger("redrive.intake")
 
 DEAD_LETTER_REASON_HEADER = "redrive-dead-letter-reason"
+INSTANCE_ID_SETTING = "instance_id (REDRIVE_INSTANCE_ID)"
 # How long a revocation waits for the batch being stored, to commit it before the
 # partitions go (an insert takes well under a second; the group waits for us longer).
 REVOKE_WAIT_S = 10.0
@@ -84,8 +85,8 @@ class Intake:
                 **kafka_config,
                 "group.id": settings.group_id,
                 # A restarted instance takes its partitions back at once rather than
-                # after the session timeout (see redrive.service.membership).
-                **static_membership(settings),
+                # after the session timeout (see redrive.membership).
+                **static_membership(settings.group_instance_id()),
                 "enable.auto.commit": False,
                 "enable.auto.offset.store": False,
                 "auto.offset.reset": "earliest",
@@ -94,7 +95,8 @@ class Intake:
                 # batches anyway, and the memory belongs to the service's budget.
                 "queued.max.messages.kbytes": 8192,
                 **settings.intake_kafka,
-            }
+            },
+            setting=INSTANCE_ID_SETTING,
         )
         self.mirror = (
             # The service's producer settings: a dead letter near the requests topic's

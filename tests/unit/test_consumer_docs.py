@@ -1,0 +1,30 @@
+"""The settings examples of docs/consumer.md run, and configure what they say."""
+
+from __future__ import annotations
+
+import re
+import socket
+from pathlib import Path
+
+from redrive import App
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "consumer.md"
+
+
+def examples() -> list[str]:
+    """The python blocks that build an App without running it (those need a broker)."""
+    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.DOTALL)
+    return [block for block in blocks if ".run(" not in block]
+
+
+def test_the_settings_examples_configure_the_consumer() -> None:
+    apps = []
+    for block in examples():
+        namespace: dict[str, object] = {"App": App}
+        exec(compile(block, str(DOC), "exec"), namespace)
+        apps.append(namespace["app"])
+    [static, fetching] = apps
+    assert isinstance(static, App) and isinstance(fetching, App)
+    assert static.consumer_kafka == {"group.instance.id": socket.gethostname()}
+    assert fetching.consumer_kafka["fetch.min.bytes"] == 1_048_576
+    assert "group.instance.id" not in fetching.consumer_kafka
