@@ -543,3 +543,34 @@ def test_hostile_records_end_handled_retried_or_dead_lettered(
         assert not lost, f"{lane.strategy}: neither handled nor dead-lettered: {lost}"
         assert lane.outcomes.untagged == 0
         _check(lane, tags)
+
+
+# ------------------------------------------------------------------ the largest records
+
+
+def test_a_record_as_large_as_its_topic_allows_is_retried_and_dead_lettered(
+    bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    """A 1,000,000-byte record (under Kafka's default topic limit, over librdkafka's
+    default message.max.bytes once the redrive headers are added) fails: it goes to its
+    tier topic and, spent, to its dead-letter topic, instead of stopping the App."""
+    topic = new_topic("large")
+    big = bytes(range(256)) * 3906 + b"tail"  # 1,000,000 bytes
+    calls = Calls()
+
+    def handler(message: Message) -> None:
+        calls.add(message)
+        raise ConnectionError("downstream unavailable " + "x" * 4000)  # a long trace too
+
+    app = App(bootstrap, group=a_group())
+    app.add_handler(topic, handler, policy="200ms", strategy="topics")
+    with running_app(app), ExitStack() as stack:
+        letters = Collector(bootstrap, f"{topic}.dlq")  # the app has created it
+        stack.callback(letters.close)
+        produce(bootstrap, topic, [{"key": b"big", "value": big}])
+        produce(bootstrap, topic, [{"key": b"small", "value": b"after"}])
+        assert calls.wait_for(lambda: len(calls.of(big)) == 2, 30), "not retried"
+        assert [d.value for d in letters.poll_until(2, 30)].count(big) == 1
+        assert app.running.is_set()
+    assert [c.attempt for c in calls.of(big)] == [1, 2]
+    assert [c.attempt for c in calls.of(b"after")] == [1, 2]

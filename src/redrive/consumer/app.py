@@ -63,6 +63,7 @@ from redrive.headers import (
 from redrive.kafka import consume_available, read_headers
 from redrive.membership import fatal_group_error, static_membership
 from redrive.policy import DeadLetter, DeadLetterReason, FatalError, Retry, policy
+from redrive.sizes import producer_size_limit
 
 log = structlog.get_logger("redrive.consumer")
 
@@ -271,7 +272,8 @@ class App:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self._on_signal)
         config = {"bootstrap.servers": self.bootstrap, **self.kafka}
-        create_derived_topics(AdminClient(config), list(self.routes.values()))
+        admin = AdminClient(config)
+        create_derived_topics(admin, list(self.routes.values()))
         consumer = Consumer(
             {
                 # Defaults the user's `kafka` settings may override...
@@ -290,7 +292,10 @@ class App:
                 "on_commit": self._on_commit,
             }
         )
-        producer = Producer({**config, "enable.idempotence": True, "linger.ms": 5})
+        # As large as what it reads, so that a record a topic accepted can be handed
+        # to its retry or dead-letter topic (see redrive.sizes); `kafka` may say more.
+        size_limit = producer_size_limit(admin, self._reads)
+        producer = Producer({**size_limit, **config, "enable.idempotence": True, "linger.ms": 5})
         self._consumer = consumer
         self._producer = producer
         self._publisher = Publisher(producer, self._stop)

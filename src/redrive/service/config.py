@@ -108,7 +108,9 @@ class ServiceSettings(BaseSettings):
     max_request_bytes: int = Field(
         1_048_576, ge=1024, description="Largest API or UI request body accepted (413 above)."
     )
-    replay_rate_per_second: float = Field(500.0, gt=0, description="Pace of bulk replays.")
+    replay_rate_per_second: float = Field(
+        500.0, ge=1, description="Pace of bulk replays (messages a second, at least 1)."
+    )
     replay_max_per_request: int = Field(
         10_000,
         ge=1,

@@ -20,7 +20,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 import structlog
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from redrive import __version__
@@ -36,7 +36,8 @@ from redrive.service.replay import Replayer
 from redrive.service.requests import IntakeRules
 from redrive.service.scheduler import Scheduler
 from redrive.service.store import Store, StoreUnavailable
-from redrive.service.topics import TopicMetadata, ensure_topic, max_message_bytes
+from redrive.service.topics import TopicMetadata, ensure_topic
+from redrive.sizes import producer_size_limit
 
 if TYPE_CHECKING:
     import uvicorn
@@ -44,16 +45,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger("redrive.service")
 
 REQUESTS_TOPIC_PARTITIONS = 6
-
-# librdkafka refuses to produce a message above its `message.max.bytes` (1,000,000 by
-# default), below Kafka's default topic limit (1,048,588): a request intake accepted
-# could never be sent. The service's producers take the requests topic's limit instead,
-# plus room for the framing around a record (the setting also bounds librdkafka's
-# produce requests as a whole).
-LIBRDKAFKA_DEFAULT_MAX_BYTES = 1_000_000
-LIBRDKAFKA_MAX_MAX_BYTES = 1_000_000_000
-KAFKA_DEFAULT_MAX_MESSAGE_BYTES = 1_048_588
-PRODUCE_REQUEST_MARGIN = 64 * 1024
 
 
 def resolve_endpoints(settings: ServiceSettings) -> tuple[str, str]:
@@ -179,28 +170,12 @@ class RetryService:
         )
 
     def _producer_limit(self, admin: AdminClient) -> dict[str, Any]:
-        """`message.max.bytes` for the scheduler's and replays' producers: what the
-        requests topic accepts plus a margin, so that whatever intake can receive the
-        service can send, and the destination's broker is the only judge of its size.
-        Nothing if the `kafka` setting names it (then it wins)."""
-        s = self.settings
-        if "message.max.bytes" in s.kafka:
+        """`message.max.bytes` for the scheduler's, replays' and mirror's producers:
+        whatever intake can receive the service can send (see redrive.sizes). Nothing
+        if the `kafka` setting names it (then it wins)."""
+        if "message.max.bytes" in self.settings.kafka:
             return {}
-        try:
-            limit = max_message_bytes(admin, s.requests_topic)
-        except (KafkaException, TimeoutError, KeyError, ValueError) as exc:
-            # E.g. no DescribeConfigs permission: assume the topic has Kafka's default.
-            limit = KAFKA_DEFAULT_MAX_MESSAGE_BYTES
-            log.warning(
-                "cannot read the requests topic's max.message.bytes; the scheduler "
-                "assumes Kafka's default (set message.max.bytes in scheduler_kafka if "
-                "the topic allows more)",
-                topic=s.requests_topic,
-                assumed=limit,
-                error=str(exc),
-            )
-        wanted = max(limit + PRODUCE_REQUEST_MARGIN, LIBRDKAFKA_DEFAULT_MAX_BYTES)
-        return {"message.max.bytes": min(wanted, LIBRDKAFKA_MAX_MAX_BYTES)}
+        return producer_size_limit(admin, [self.settings.requests_topic])
 
     def wake_scheduler(self) -> None:
         self._wake(0)

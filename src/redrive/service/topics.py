@@ -1,5 +1,4 @@
-"""Kafka topic metadata for intake, creating the service's own topics, and reading a
-topic's size limit."""
+"""Kafka topic metadata for intake, and creating the service's own topics."""
 
 from __future__ import annotations
 
@@ -11,8 +10,6 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
 # Where the stubs see them (confluent_kafka.admin re-exports them untyped).
-from confluent_kafka.admin._config import ConfigResource
-from confluent_kafka.admin._resource import ResourceType
 from confluent_kafka.cimpl import NewTopic
 
 
@@ -64,11 +61,3 @@ def ensure_topic(admin: AdminClient, name: str, partitions: int, config: dict[st
         if exc.args and exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
             return False
         raise
-
-
-def max_message_bytes(admin: AdminClient, topic: str, timeout_s: float = 30) -> int:
-    """The topic's effective `max.message.bytes` (its own, else the broker's default):
-    the largest record batch the broker accepts on it. Raises KafkaException."""
-    resource = ConfigResource(ResourceType.TOPIC, topic)
-    configs = admin.describe_configs([resource])[resource].result(timeout=timeout_s)
-    return int(configs["max.message.bytes"].value)
