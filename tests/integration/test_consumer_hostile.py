@@ -28,9 +28,9 @@ from hypothesis import strategies as st
 
 from redrive import App, Message, policy
 from redrive.consumer import AsyncHandlerError
+from redrive.header_json import headers_from_json
 from redrive.headers import decode, is_redrive_header
 from redrive.policy import DeadLetter, DeadLetterReason
-from redrive.service.store import headers_from_json
 from tests.integration.consumer_harness import Calls, retry_service, running_app
 from tests.integration.kcat import RawHeader, kcat_produce
 from tests.integration.service_harness import (

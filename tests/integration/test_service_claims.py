@@ -11,7 +11,9 @@ import time
 import psycopg
 import pytest
 
-from redrive.service.store import PendingRetry, RequestCoordinates, Settlement, Store
+from redrive.reasons import DeadLetterReason
+from redrive.records import PendingRetry, RequestCoordinates
+from redrive.service.store import Settlement, Store
 from tests.integration.service_harness import fresh_database, now_ms
 
 pytestmark = pytest.mark.integration
@@ -104,7 +106,7 @@ def test_retry_later_and_dead_letters_are_recorded_with_the_claim(database_url: 
             claim.settle(
                 Settlement(
                     delivered=[one],
-                    dead=[(two, "delivery_failed", "too large")],
+                    dead=[(two, DeadLetterReason.DELIVERY_FAILED, "too large")],
                     retry=[three],
                     retry_at_ms=later,
                 )

@@ -21,9 +21,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from redrive.header_json import headers_from_json
 from redrive.headers import DESTINATION, RETRY_AT
 from redrive.service.service import RetryService
-from redrive.service.store import headers_from_json
 from tests.integration.kcat import RawHeader, kcat_produce
 from tests.integration.service_harness import (
     Collector,

@@ -138,3 +138,24 @@ def test_a_yaml_file_with_an_unknown_key_is_refused(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "allowed_destnations" in result.stderr
     assert "Extra inputs are not permitted" in result.stderr
+
+
+def test_the_service_itself_never_starts_the_dev_stack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only `redrive serve` falls back to the local stack; the service needs addresses."""
+    from redrive.errors import ConfigError
+    from redrive.service.config import ServiceSettings
+    from redrive.service.service import RetryService
+
+    state = tmp_path / "state"
+    monkeypatch.setenv("REDRIVE_STATE_DIR", str(state))
+    for missing in ({"bootstrap": None}, {"database_url": None}):
+        values = {"bootstrap": "127.0.0.1:1", "database_url": "postgresql://x@127.0.0.1:1/x"}
+        settings = ServiceSettings(**{**values, **missing, "http_port": 0})
+        service = RetryService(settings)
+        with pytest.raises(ConfigError) as info:
+            service.start()
+        service.stop()
+        assert info.value.setting.startswith(next(iter(missing)))
+    assert not state.exists()

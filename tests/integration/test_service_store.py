@@ -13,7 +13,9 @@ import dataclasses
 import psycopg
 import pytest
 
-from redrive.service.store import PendingRetry, RequestCoordinates, Store, headers_from_json
+from redrive.header_json import headers_from_json
+from redrive.records import PendingRetry, RequestCoordinates
+from redrive.service.store import Store
 from tests.integration.service_harness import fresh_database, now_ms
 
 pytestmark = pytest.mark.integration

@@ -16,8 +16,7 @@ from typing import Any
 
 import pytest
 
-from redrive.headers import Header, RetryHeaders, encode
-from redrive.service.intake import DEAD_LETTER_REASON_HEADER
+from redrive.headers import DEAD_LETTER_REASON, Header, RetryHeaders, encode
 from redrive.spark.scheduler import build_scheduler_query
 from redrive.spark.session import spark_session
 from tests.integration.service_harness import now_ms, produce, request_headers
@@ -222,7 +221,7 @@ def test_invalid_requests_become_dead_letters_and_the_query_keeps_running(
         letter = letters[key]
         assert letter.value == b"payload-" + key
         # The request's headers, then the reason, as `redrive serve` mirrors dead letters.
-        assert letter.headers == [*headers, (DEAD_LETTER_REASON_HEADER, reason.encode())]
+        assert letter.headers == [*headers, (DEAD_LETTER_REASON, reason.encode())]
     [good] = reader.of(destination)
     assert good.key == b"good" and good.timestamp_ms >= due
     assert scheduler.query.isActive and scheduler.query.exception() is None

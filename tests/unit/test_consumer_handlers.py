@@ -13,12 +13,13 @@ from confluent_kafka import Message as KafkaMessage
 
 from redrive import App, Message
 from redrive.consumer import AsyncHandlerError
-from redrive.consumer.app import _header_time, _timestamp
 from redrive.consumer.handlers import is_async_callable, refuse_awaitable
+from redrive.consumer.records import record_timestamp
 from redrive.consumer.routes import Route
 from redrive.errors import ConfigError
 from redrive.headers import MAX_INT32, MAX_INT64, RetryHeaders, encode
 from redrive.policy import policy
+from redrive.router import header_time, read_delivery
 
 pytestmark = pytest.mark.unit
 
@@ -135,21 +136,20 @@ def record(timestamp: tuple[int, int]) -> KafkaMessage:
 def test_record_times_are_read_as_a_header_can_hold_them(
     timestamp: tuple[int, int], expected: int | None
 ) -> None:
-    assert _timestamp(record(timestamp)) == expected
+    assert record_timestamp(record(timestamp)) == expected
     if expected is not None:  # and they make valid redrive headers
         RetryHeaders(destination="t", retry_at=0, original_timestamp=expected)
 
 
 def test_a_deadline_past_the_largest_header_time_is_capped() -> None:
-    assert _header_time(None) is None
-    assert _header_time(5) == 5
-    assert _header_time(MAX_INT64 + 10 * 365 * 86_400_000) == MAX_INT64
+    assert header_time(None) is None
+    assert header_time(5) == 5
+    assert header_time(MAX_INT64 + 10 * 365 * 86_400_000) == MAX_INT64
 
 
 def test_a_forged_attempt_count_at_the_top_of_its_range_leaves_room_for_one_more() -> None:
-    app = App("localhost:1", group="mine")
     forged = RetryHeaders(destination="t", retry_at=1, attempt=MAX_INT32, group="mine")
-    delivery = app._delivery(encode(forged))
+    delivery = read_delivery(encode(forged), "mine")
     assert delivery is not None and delivery.attempt == MAX_INT32 - 1
     RetryHeaders(destination="t", retry_at=1, attempt=delivery.attempt + 1)  # still valid
 
@@ -198,8 +198,7 @@ def test_a_forged_attempt_count_at_the_top_of_its_range_leaves_room_for_one_more
 def test_forged_redrive_headers_are_read_leniently(
     headers: list[tuple[str, bytes | None]], expected_attempt: int | None
 ) -> None:
-    app = App("localhost:1", group="mine")
-    delivery = app._delivery(headers)
+    delivery = read_delivery(headers, "mine")
     assert (delivery.attempt if delivery else None) == expected_attempt
 
 

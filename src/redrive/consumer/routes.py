@@ -1,26 +1,54 @@
 """A handler's registration: its topic, policy, strategy, and the topics derived from it.
 
-Derived topic names follow the contract (DESIGN section 2):
+Derived topic names follow the contract (the header contract's topic names):
 - `<topic>.retry.<delay>`: the `topics` strategy's tier for one delay (e.g. 5m);
 - `<topic>.dlq`: dead letters sent to a topic;
 - `<group>.<topic>.retry`: the `service` strategy's per-group destination, so that
   other groups reading `<topic>` do not see this group's retries.
+
+What the strategy named by a route does is its :class:`RetryStrategy` object
+(``route.plan``, one module each in :mod:`redrive.consumer.strategies`); how its
+failures are decided, its :class:`redrive.router.Router` (``route.router``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
+from redrive.consumer.strategies import BY_NAME, DeadLetterTarget, Kind, RetryStrategy
 from redrive.errors import ConfigError
-from redrive.policy import Policy, format_duration
+from redrive.policy import Policy, PolicyError, policy
+from redrive.router import Router
 
 Strategy = Literal["blocking", "pause", "topics", "service"]
 STRATEGIES: tuple[Strategy, ...] = ("blocking", "pause", "topics", "service")
-DeadLetterTarget = Literal["topic", "service"]
-Kind = Literal["source", "tier", "redelivery"]
-MAX_TIERS = 30
+__all__ = [
+    "STRATEGIES",
+    "DeadLetterTarget",
+    "HandlerOptions",
+    "Kind",
+    "Route",
+    "Strategy",
+    "build_route",
+]
+
+
+class HandlerOptions(TypedDict, total=False):
+    """Options of :meth:`App.handler` and :meth:`App.add_handler`."""
+
+    policy: Any
+    """A schedule string, a list of delays, or a Policy (default ``"1s, 10s, 1m"``)."""
+    strategy: Strategy
+    retry_on: type[BaseException] | Iterable[type[BaseException]]
+    fatal_on: type[BaseException] | Iterable[type[BaseException]]
+    retryable: Callable[[BaseException], bool | None] | None
+    max_attempts: int | None
+    max_duration: str | float | None
+    value_deserializer: Callable[[bytes], Any] | None
+    dead_letters: DeadLetterTarget | None
+    per_group_topic: bool
 
 
 @dataclass
@@ -35,18 +63,22 @@ class Route:
     per_group_topic: bool = False
     tiers: dict[int, str] = field(default_factory=dict)
     """Nominal delay (ms) -> tier topic, for the `topics` strategy."""
+    plan: RetryStrategy = field(init=False, repr=False, compare=False)
+    """What the strategy does (the object behind the name ``strategy``)."""
+    router: Router = field(init=False, repr=False, compare=False)
+    """Decides this route's failures with its policy, for its group."""
 
     def __post_init__(self) -> None:
-        if self.strategy not in STRATEGIES:
+        plan = BY_NAME.get(self.strategy)
+        if plan is None:
             raise ConfigError(
                 f"strategy for {self.topic!r}",
                 f"{self.strategy!r} is not a strategy",
-                f"use one of {', '.join(STRATEGIES)}",
+                f"use one of {', '.join(BY_NAME)}",
             )
-        if self.strategy == "topics":
-            self.tiers = {
-                delay: tier_topic(self.topic, delay) for delay in _tier_delays(self.policy)
-            }
+        self.plan = plan
+        self.router = Router(self.policy, self.group)
+        plan.prepare(self)
 
     @property
     def dlq_topic(self) -> str:
@@ -74,12 +106,7 @@ class Route:
 
     def topics(self) -> dict[str, Kind]:
         """Every topic this route reads, and what it is to the route."""
-        read: dict[str, Kind] = {self.topic: "source"}
-        for tier in self.tiers.values():
-            read[tier] = "tier"
-        if self.strategy == "service" and self.per_group_topic:
-            read[self.redelivery_topic] = "redelivery"
-        return read
+        return {self.topic: "source", **self.plan.topics(self)}
 
     def topics_to_create(self) -> list[str]:
         """Derived topics that must exist (created with the source's partition count)."""
@@ -89,27 +116,46 @@ class Route:
         return wanted
 
 
-def tier_topic(topic: str, delay_ms: int) -> str:
-    return f"{topic}.retry.{format_duration(delay_ms)}"
-
-
-def _tier_delays(policy: Policy) -> list[int]:
-    """The distinct nominal delays a message can wait under this policy."""
-    limit = policy.attempt_limit
-    delays: list[int] = []
-    attempt = 1
-    for delay, count in policy.schedule.runs():
-        if limit is not None and attempt >= limit:
-            break
-        if delay not in delays:
-            delays.append(delay)
-        if count is None:
-            break
-        attempt += count
-    if len(delays) > MAX_TIERS:
-        raise ConfigError(
-            "policy",
-            f"{policy} needs {len(delays)} retry topics (one per distinct delay)",
-            f"use at most {MAX_TIERS} distinct delays with the topics strategy, e.g. a cap",
+def build_route(
+    topic: str,
+    fn: Callable[..., Any],
+    group: str,
+    options: HandlerOptions,
+    default_policy: str,
+) -> Route:
+    """The route of ``@app.handler(topic, **options)``; ConfigError for a bad setting."""
+    strategy = options.get("strategy", "service")
+    per_group_topic = options.get("per_group_topic", False)
+    try:
+        chosen = _policy(
+            options.get("policy", default_policy),
+            retry_on=options.get("retry_on", ()),
+            fatal_on=options.get("fatal_on", ()),
+            retryable=options.get("retryable"),
+            max_attempts=options.get("max_attempts"),
+            max_duration=options.get("max_duration"),
         )
-    return delays
+    except PolicyError as exc:
+        raise ConfigError(f"policy for {topic!r}", str(exc)) from None
+    plan = BY_NAME.get(strategy)
+    if per_group_topic and plan is not None and not plan.per_group_topic:
+        raise ConfigError(
+            f"per_group_topic for {topic!r}",
+            "only the service strategy delivers to a per-group topic",
+        )
+    default_target = plan.default_dead_letters if plan is not None else "topic"
+    return Route(
+        topic,
+        fn,
+        chosen,
+        strategy,
+        group,
+        options.get("value_deserializer"),
+        options.get("dead_letters") or default_target,
+        per_group_topic,
+    )
+
+
+def _policy(spec: Any, **options: Any) -> Policy:
+    options = {k: v for k, v in options.items() if v not in (None, ())}
+    return policy(spec, **options)

@@ -22,6 +22,7 @@ import uvicorn
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
+from redrive.client_logs import with_client_logs
 from redrive.demo.items import CREATE_TOPIC, UPDATE_TOPIC, ItemStore, build_api, build_app
 from redrive.local import LocalStack
 from redrive.local.process import free_port, port_in_use
@@ -73,7 +74,7 @@ def run(*, oneshot: bool = False) -> int:
     print("redrive demo: the items scenario (seed 000) on the embedded default\n", flush=True)
     status = LocalStack().up()
     configure("console", level=logging.ERROR)  # the narration, not the logs
-    admin = AdminClient({"bootstrap.servers": status.bootstrap})
+    admin = AdminClient(with_client_logs({"bootstrap.servers": status.bootstrap}))
     for topic in (CREATE_TOPIC, UPDATE_TOPIC):
         ensure_topic(admin, topic, 3, {})
 
@@ -103,7 +104,7 @@ def run(*, oneshot: bool = False) -> int:
     print(f"retry service and web UI  {service_url}/")
     print(f"items API                 http://127.0.0.1:{items_port}\n")
 
-    producer = Producer({"bootstrap.servers": status.bootstrap})
+    producer = Producer(with_client_logs({"bootstrap.servers": status.bootstrap}))
     item_id = str(uuid.uuid4())
     key = item_id.encode()
     ok = True

@@ -27,10 +27,6 @@ def jar_dir(pom_name: str) -> Path:
     return cache_dir() / "jars" / f"{pom.stem}-{digest}"
 
 
-def is_fetched(pom_name: str) -> bool:
-    return (jar_dir(pom_name) / ".complete").exists()
-
-
 def fetch(pom_name: str, what: str, *, quiet: bool = False) -> Path:
     """Make sure the jars of `pom_name` are in the cache; download them on first use."""
     target = jar_dir(pom_name)

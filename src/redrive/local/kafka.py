@@ -17,6 +17,7 @@ from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
 
+from redrive.client_logs import SILENT, with_client_logs
 from redrive.errors import ConfigError
 from redrive.local import jars
 from redrive.local.java import find_java
@@ -92,7 +93,8 @@ class LocalKafka:
         if not self.running():
             return False
         try:
-            admin = AdminClient({**self.client_config(), "log_level": 0})
+            # Silent: a broker still starting refuses connections, which is expected here.
+            admin = AdminClient(with_client_logs(self.client_config(), level=SILENT))
             metadata = admin.list_topics(timeout=timeout)
             return bool(metadata.brokers)
         except Exception:  # noqa: BLE001 - any failure to answer means not healthy

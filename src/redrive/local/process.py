@@ -10,8 +10,6 @@ import contextlib
 import json
 import signal
 import socket
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -100,13 +98,3 @@ def listener_of(port: int) -> str:
     except psutil.Error:
         pass
     return "another process"
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.2) -> bool:
-    """Poll until the predicate holds or the timeout passes; the last answer is returned."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return bool(predicate())

@@ -3,14 +3,16 @@
 Each action checks its input, does the work, writes the audit entry, and returns
 what it did; a refusal is an ActionRefused with the HTTP status it maps to and a
 sentence saying why. The caller has already established who asks and that their
-role allows it.
+role allows it. The actions are given the few things they use (the operator queries,
+the replayer, a way to wake the scheduler, two limits), not the service.
 """
 
 import base64
 import binascii
 import json
 import time
-from typing import TYPE_CHECKING, Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, Any
 
 from pydantic import (
     AfterValidator,
@@ -29,10 +31,8 @@ from redrive.service.filters import (
     StorableText,
     UnicodeText,
 )
-from redrive.service.replay import Edit, ReplayRefused
-
-if TYPE_CHECKING:
-    from redrive.service.service import RetryService
+from redrive.service.operations import Operations
+from redrive.service.replay import Edit, Replayer, ReplayRefused
 
 
 class ActionRefused(Exception):
@@ -163,8 +163,20 @@ class ReplayMany(Selection):
 
 
 class OperatorActions:
-    def __init__(self, service: "RetryService") -> None:
-        self.service = service
+    def __init__(
+        self,
+        operations: Operations,
+        replayer: Replayer,
+        wake_scheduler: Callable[[], None],
+        *,
+        replay_rate_per_second: float,
+        replay_max_per_request: int,
+    ) -> None:
+        self._ops = operations
+        self._replayer = replayer
+        self._wake_scheduler = wake_scheduler
+        self._rate_per_second = replay_rate_per_second
+        self._max_per_request = replay_max_per_request
 
     def _replay(
         self,
@@ -177,13 +189,13 @@ class OperatorActions:
         action: str,
         flt: DeadLetterFilter | None,
     ) -> dict[str, Any]:
-        ops, settings = self.service.operations, self.service.settings
+        ops = self._ops
         try:
-            acked = self.service.replayer.replay(
+            acked = self._replayer.replay(
                 rows,
                 destination=destination,
                 edit=edit,
-                rate_per_s=rate or settings.replay_rate_per_second,
+                rate_per_s=rate or self._rate_per_second,
             )
         except ReplayRefused as exc:
             raise ActionRefused(400, str(exc)) from None
@@ -202,10 +214,10 @@ class OperatorActions:
         return {"replayed": len(acked), "ids": acked, "failed": failed}
 
     def replay_one(
-        self, who: Principal, letter_id: int, body: "ReplayOne | None" = None
+        self, who: Principal, letter_id: int, body: ReplayOne | None = None
     ) -> dict[str, Any]:
         body = body or ReplayOne()
-        row = self.service.operations.dead_letter(letter_id)
+        row = self._ops.dead_letter(letter_id)
         if row is None:
             raise ActionRefused(404, f"no dead letter {letter_id}")
         edit = None
@@ -224,18 +236,16 @@ class OperatorActions:
             raise ActionRefused(502, f"the broker did not acknowledge dead letter {letter_id}")
         return result
 
-    def _select(self, selection: "Selection") -> tuple[list[dict[str, Any]], int]:
-        ops = self.service.operations
+    def _select(self, selection: Selection) -> tuple[list[dict[str, Any]], int]:
+        ops = self._ops
         if selection.ids is not None:
             return ops.dead_letters_by_id(selection.ids), 0
         assert selection.filter is not None
-        ids = ops.dead_letter_ids(
-            selection.filter, limit=self.service.settings.replay_max_per_request
-        )
+        ids = ops.dead_letter_ids(selection.filter, limit=self._max_per_request)
         total = ops.count_dead_letters(selection.filter)
         return ops.dead_letters_by_id(ids), max(total - len(ids), 0)
 
-    def replay_many(self, who: Principal, body: "ReplayMany") -> dict[str, Any]:
+    def replay_many(self, who: Principal, body: ReplayMany) -> dict[str, Any]:
         rows, remaining = self._select(body)
         result = self._replay(
             who, rows, body.destination, body.keep, body.rate, None, "replay", body.filter
@@ -243,15 +253,15 @@ class OperatorActions:
         return {**result, "remaining": remaining}
 
     def delete_one(self, who: Principal, letter_id: int) -> dict[str, Any]:
-        ops = self.service.operations
+        ops = self._ops
         deleted = ops.delete_dead_letters([letter_id])
         if not deleted:
             raise ActionRefused(404, f"no dead letter {letter_id}")
         ops.audit(actor=who.name, role=who.role, action="delete", ids=deleted, count=1)
         return {"deleted": 1, "ids": deleted}
 
-    def delete_many(self, who: Principal, body: "Selection") -> dict[str, Any]:
-        ops = self.service.operations
+    def delete_many(self, who: Principal, body: Selection) -> dict[str, Any]:
+        ops = self._ops
         if body.ids is not None:
             ids = body.ids
         else:
@@ -269,15 +279,15 @@ class OperatorActions:
         return {"deleted": len(deleted), "ids": deleted}
 
     def retry_now(self, who: Principal, pending_id: int) -> dict[str, Any]:
-        ops = self.service.operations
+        ops = self._ops
         if not ops.retry_now(pending_id, time.time_ns() // 1_000_000):
             raise ActionRefused(404, f"no pending retry {pending_id} (delivered or cancelled?)")
-        self.service.wake_scheduler()
+        self._wake_scheduler()
         ops.audit(actor=who.name, role=who.role, action="retry-now", ids=[pending_id], count=1)
         return {"retried": 1, "id": pending_id}
 
     def cancel(self, who: Principal, pending_id: int) -> dict[str, Any]:
-        ops = self.service.operations
+        ops = self._ops
         if not ops.cancel(pending_id, who.name):
             raise ActionRefused(404, f"no pending retry {pending_id} (delivered or cancelled?)")
         ops.audit(actor=who.name, role=who.role, action="cancel", ids=[pending_id], count=1)

@@ -5,7 +5,7 @@ its SHA-256, which is enough for tokens of 256 random bits (a slow hash protects
 guessable passwords, not random keys). Roles: `viewer` reads, `operator` also acts.
 The API takes the token from the `Authorization: Bearer` header only; the web UI
 keeps it in an HttpOnly, SameSite=Strict cookie and guards its forms against
-cross-site requests separately (ui.py).
+cross-site requests separately (web/session.py).
 """
 
 from __future__ import annotations

@@ -7,7 +7,6 @@ value stops the service with a message naming the setting and why.
 
 from __future__ import annotations
 
-import fnmatch
 import os
 import re
 import socket
@@ -22,12 +21,12 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from redrive.destinations import DestinationAllowlist, check_patterns
 from redrive.errors import ConfigError
+from redrive.headers import is_topic_name
 
 Role = Literal["intake", "scheduler"]
 ALL_ROLES: tuple[Role, ...] = ("intake", "scheduler")
-_TOPIC = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
-_INSTANCE_ID = _TOPIC  # the broker checks group.instance.id like a topic name
 
 
 class ServiceSettings(BaseSettings):
@@ -120,15 +119,16 @@ class ServiceSettings(BaseSettings):
     @field_validator("requests_topic", "dlq_topic")
     @classmethod
     def _topic_name(cls, value: str) -> str:
-        if not _TOPIC.match(value) or value in {".", ".."}:
+        if not is_topic_name(value):
             raise ValueError(f"{value!r} is not a legal Kafka topic name")
         return value
 
     @field_validator("instance_id")
     @classmethod
     def _instance_id(cls, value: str | None) -> str | None:
-        # The broker's rule for group.instance.id; "" turns static membership off.
-        if value and (not _INSTANCE_ID.match(value) or value in {".", ".."}):
+        # The broker checks group.instance.id like a topic name; "" turns static
+        # membership off.
+        if value and not is_topic_name(value):
             raise ValueError(
                 f"{value!r} is not a legal group instance id (letters, digits, '.', '_', "
                 "'-'; at most 249)"
@@ -138,9 +138,7 @@ class ServiceSettings(BaseSettings):
     @field_validator("allowed_destinations")
     @classmethod
     def _patterns(cls, value: list[str]) -> list[str]:
-        for pattern in value:
-            if not pattern or not re.fullmatch(r"[a-zA-Z0-9._\-*?\[\]!]+", pattern):
-                raise ValueError(f"{pattern!r} is not a topic name or glob pattern")
+        check_patterns(value)
         return value
 
     @classmethod
@@ -160,9 +158,8 @@ class ServiceSettings(BaseSettings):
 
     def destination_allowed(self, topic: str) -> bool:
         """True if a request may deliver to `topic` (see allowed_destinations)."""
-        if topic.startswith("__") or topic in {self.requests_topic}:
-            return False
-        return any(fnmatch.fnmatchcase(topic, pattern) for pattern in self.allowed_destinations)
+        allowlist = DestinationAllowlist(tuple(self.allowed_destinations), self.requests_topic)
+        return allowlist.allows(topic)
 
     def group_instance_id(self) -> str | None:
         """Intake's group.instance.id, or None for dynamic membership (see instance_id).

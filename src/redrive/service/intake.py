@@ -26,17 +26,22 @@ from typing import Any
 import structlog
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
+from redrive.headers import DEAD_LETTER_REASON
 from redrive.kafka import BATCH_WIDE_REFUSALS, consume_available, kafka_headers
 from redrive.membership import GroupConsumer, static_membership
+from redrive.reasons import DeadLetterReason
+from redrive.records import DeadLetterRecord, PendingRetry
+from redrive.requests import Incoming, IntakeRules, classify
 from redrive.service.config import ServiceSettings
 from redrive.service.metrics import ServiceMetrics
-from redrive.service.requests import Incoming, IntakeRules, Reason, classify
-from redrive.service.store import DeadLetter, PendingRetry, Store, StoreUnavailable
-from redrive.service.topics import MetadataUnavailable
+from redrive.service.store import Store, StoreUnavailable
+from redrive.topic_admin import MetadataUnavailable
 
 log = structlog.get_logger("redrive.intake")
 
-DEAD_LETTER_REASON_HEADER = "redrive-dead-letter-reason"
+# Compatibility: the header's home is redrive.headers.DEAD_LETTER_REASON (the Spark
+# pipeline's tests still import this name; issue 15).
+DEAD_LETTER_REASON_HEADER = DEAD_LETTER_REASON
 INSTANCE_ID_SETTING = "instance_id (REDRIVE_INSTANCE_ID)"
 # How long a revocation waits for the batch being stored, to commit it before the
 # partitions go (an insert takes well under a second; the group waits for us longer).
@@ -57,7 +62,7 @@ class _Batch:
 
     incoming: list[Incoming]
     pending: list[PendingRetry]
-    dead: list[DeadLetter]
+    dead: list[DeadLetterRecord]
 
 
 class Intake:
@@ -220,7 +225,7 @@ class Intake:
         for letter in batch.dead:
             assert letter.request is not None
             # A consumer's own dead letter is business as usual; anything else was refused.
-            sent = letter.reason_code == Reason.SENT_TO_DLQ
+            sent = letter.reason_code == DeadLetterReason.SENT_TO_DLQ
             (log.info if sent else log.warning)(
                 "dead letter stored" if sent else "request refused",
                 topic=letter.request.topic,
@@ -233,14 +238,14 @@ class Intake:
 
     def _classify_waiting(
         self, incoming: list[Incoming]
-    ) -> tuple[list[PendingRetry] | None, list[DeadLetter] | None]:
+    ) -> tuple[list[PendingRetry] | None, list[DeadLetterRecord] | None]:
         """Classify the batch; while the broker cannot answer metadata, wait paused."""
         attempt = 0
         while True:
             try:
                 now = now_ms()
                 pending: list[PendingRetry] = []
-                dead: list[DeadLetter] = []
+                dead: list[DeadLetterRecord] = []
                 for item in incoming:
                     result = classify(item, self.rules, now)
                     if isinstance(result, PendingRetry):
@@ -341,7 +346,7 @@ class Intake:
             # again and the idempotent insert ignores them. Nothing is lost.
             log.warning("offset commit failed; requests will be read again", error=str(exc))
 
-    def _mirror(self, dead: list[DeadLetter]) -> None:
+    def _mirror(self, dead: list[DeadLetterRecord]) -> None:
         """Copy the stored dead letters to the DLQ topic. They are already durable in
         the store, so a copy the broker refuses is logged and counted, never a reason
         to stop intake (which would meet the same request again at every restart).
@@ -357,15 +362,19 @@ class Intake:
                 error = again[0][1]
             self._mirror_failed(letter, error.str())
 
-    def _mirror_batch(self, dead: list[DeadLetter]) -> list[tuple[DeadLetter, KafkaError]]:
+    def _mirror_batch(
+        self, dead: list[DeadLetterRecord]
+    ) -> list[tuple[DeadLetterRecord, KafkaError]]:
         """Produce the letters and wait for the broker; those it refused, with why."""
         mirror = self.mirror
         assert mirror is not None
-        refused: list[tuple[DeadLetter, KafkaError]] = []
+        refused: list[tuple[DeadLetterRecord, KafkaError]] = []
         for letter in dead:
-            headers = [*letter.headers, (DEAD_LETTER_REASON_HEADER, letter.reason.encode())]
+            headers = [*letter.headers, (DEAD_LETTER_REASON, letter.reason.encode())]
 
-            def delivered(err: KafkaError | None, _: Message, letter: DeadLetter = letter) -> None:
+            def delivered(
+                err: KafkaError | None, _: Message, letter: DeadLetterRecord = letter
+            ) -> None:
                 if err is not None:
                     refused.append((letter, err))
 
@@ -387,7 +396,7 @@ class Intake:
         mirror.flush(30)
         return refused
 
-    def _mirror_failed(self, letter: DeadLetter, error: str) -> None:
+    def _mirror_failed(self, letter: DeadLetterRecord, error: str) -> None:
         self.metrics.delivery_errors.labels("mirror_refused").inc()
         request = letter.request
         log.error(

@@ -35,6 +35,7 @@ import structlog
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from redrive.kafka import BATCH_WIDE_REFUSALS, kafka_headers
+from redrive.reasons import DeadLetterReason
 from redrive.service.config import ServiceSettings
 from redrive.service.metrics import ServiceMetrics
 from redrive.service.store import ClaimedRetry, Settlement, Store, StoreUnavailable
@@ -238,13 +239,17 @@ class Scheduler:
     def _settlement(outcome: _Outcome, expired: list[ClaimedRetry]) -> Settlement:
         """The outcome as the store records it; a passing failure is tried again soon."""
         dead = [
-            (r.id, "delivery_failed", f"delivery to {r.destination!r} failed for good: {err.str()}")
+            (
+                r.id,
+                DeadLetterReason.DELIVERY_FAILED,
+                f"delivery to {r.destination!r} failed for good: {err.str()}",
+            )
             for r, err in outcome.permanent
         ]
         dead += [
             (
                 r.id,
-                "deadline_passed",
+                DeadLetterReason.DEADLINE_PASSED,
                 f"deadline passed while pending: redrive-deadline {r.deadline_ms}, due {r.due_ms}",
             )
             for r in expired
@@ -284,7 +289,7 @@ class Scheduler:
         for destination, count in published.items():
             self.metrics.published.labels(destination).inc(count)
         for row, err in outcome.permanent:
-            self.metrics.dead_lettered.labels("delivery_failed").inc()
+            self.metrics.dead_lettered.labels(DeadLetterReason.DELIVERY_FAILED).inc()
             self.metrics.delivery_errors.labels(err.name()).inc()
             log.error(
                 "delivery failed for good; dead-lettered",
@@ -294,7 +299,7 @@ class Scheduler:
                 error=err.str(),
             )
         for row in expired:
-            self.metrics.dead_lettered.labels("deadline_passed").inc()
+            self.metrics.dead_lettered.labels(DeadLetterReason.DEADLINE_PASSED).inc()
             log.warning(
                 "deadline passed while pending; dead-lettered",
                 destination=row.destination,

@@ -5,8 +5,9 @@ store), scheduler (store -> destinations), a LISTEN connection that wakes the
 scheduler across instances, and the HTTP server (/metrics, /healthz, /readyz).
 Any number of processes may run against one database; each takes its share.
 
-With no bootstrap or database URL configured the service uses the local stack
-(`redrive local`), starting it if needed: the embedded default.
+The service is given its Kafka bootstrap and database URL; `redrive serve` with
+none configured starts the local stack (`redrive local`) and passes its addresses:
+the embedded default.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 
 from redrive import __version__
+from redrive.client_logs import with_client_logs
 from redrive.errors import ConfigError
 from redrive.local.process import listener_of, port_in_use
+from redrive.requests import IntakeRules
 from redrive.service.auth import Tokens
 from redrive.service.config import ServiceSettings
 from redrive.service.intake import Intake
@@ -33,11 +36,10 @@ from redrive.service.metrics import ServiceMetrics
 from redrive.service.notify import listen
 from redrive.service.operations import Operations
 from redrive.service.replay import Replayer
-from redrive.service.requests import IntakeRules
 from redrive.service.scheduler import Scheduler
 from redrive.service.store import Store, StoreUnavailable
-from redrive.service.topics import TopicMetadata, ensure_topic
 from redrive.sizes import producer_size_limit
+from redrive.topic_admin import TopicMetadata, ensure_topic
 
 if TYPE_CHECKING:
     import uvicorn
@@ -45,19 +47,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger("redrive.service")
 
 REQUESTS_TOPIC_PARTITIONS = 6
-
-
-def resolve_endpoints(settings: ServiceSettings) -> tuple[str, str]:
-    """Bootstrap and database URL: as configured, else from the local stack (started)."""
-    bootstrap, database_url = settings.bootstrap, settings.database_url
-    if bootstrap is None or database_url is None:
-        from redrive.local import LocalStack
-
-        stack = LocalStack()
-        status = stack.up(kafka=bootstrap is None, postgres=database_url is None)
-        bootstrap = bootstrap or status.bootstrap
-        database_url = database_url or status.database_url
-    return bootstrap, database_url
 
 
 class RetryService:
@@ -84,7 +73,8 @@ class RetryService:
 
     @property
     def kafka_config(self) -> dict[str, Any]:
-        return {"bootstrap.servers": self.bootstrap, **self.settings.kafka}
+        # Every client the service makes logs through structlog, not raw on stderr.
+        return with_client_logs({"bootstrap.servers": self.bootstrap, **self.settings.kafka})
 
     def start(self) -> None:
         """Connect, migrate, create topics, start the roles; return once they run."""
@@ -95,7 +85,14 @@ class RetryService:
                 f"{s.http_host}:{s.http_port} is already in use by {listener_of(s.http_port)}",
                 "choose another port, or 0 for any free port",
             )
-        self.bootstrap, self.database_url = resolve_endpoints(s)
+        if s.bootstrap is None or s.database_url is None:
+            setting = "bootstrap" if s.bootstrap is None else "database_url"
+            raise ConfigError(
+                f"{setting} (REDRIVE_{setting.upper()})",
+                "not set: the service needs a Kafka cluster and a PostgreSQL database",
+                "set it; `redrive serve` without it uses the local stack (redrive local)",
+            )
+        self.bootstrap, self.database_url = s.bootstrap, s.database_url
         self.store = Store(
             self.database_url,
             reconnect_max_s=s.store_retry_max_seconds,
@@ -212,7 +209,7 @@ class RetryService:
         # to import, which a restarted instance need not wait for to deliver again.
         import uvicorn
 
-        from redrive.service.http import create_app
+        from redrive.service.web import create_app
 
         s = self.settings
         config = uvicorn.Config(

@@ -31,7 +31,9 @@ scheduler (:mod:`redrive.spark.scheduler`) delivers it there when due; the pipel
 reads it again, learns its attempt count from its headers
 (:func:`redrive.headers.read_delivery_headers`) and calls the handler once more.
 
-The query never fails because of a record: a handler raising anything (any
+What a failure becomes is the failure router's decision (:mod:`redrive.router`), the
+same as in the Python consumer; this module only says where retries and dead letters
+go. The query never fails because of a record: a handler raising anything (any
 ``BaseException`` but ``KeyboardInterrupt`` and ``SystemExit``), returning a wrong
 type, or a policy whose predicate raises, all end as a retry or a dead letter.
 Delivery is at-least-once: after a crash Spark runs the last micro-batch again, so
@@ -40,25 +42,24 @@ the handler may see a record twice and a result may be written twice.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any, Final, Literal, TypeAlias, TypedDict, Unpack
 
-from redrive.headers import (
-    Header,
-    HeaderError,
-    RetryHeaders,
-    describe_error,
-    encode,
-    is_redrive_header,
-    next_request,
-    read_delivery_headers,
-)
-from redrive.policy import DeadLetter, DeadLetterReason, Policy
+from redrive.headers import Header, HeaderError, RetryHeaders, encode, is_redrive_header
+from redrive.policy import Policy
 from redrive.policy import policy as make_policy
+from redrive.router import (
+    DeadLettered,
+    FailedRecord,
+    RetryTarget,
+    Router,
+    now_ms,
+    read_delivery,
+    record_time,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -82,10 +83,6 @@ OUTPUT_SCHEMA: Final = (
 ``partition`` is null unless a retry goes back to the partition it came from."""
 
 REQUIRED_COLUMNS: Final = ("key", "value", "topic", "partition", "offset", "timestamp", "headers")
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def retry_topic(group: str, topic: str) -> str:
@@ -196,9 +193,7 @@ class RecordHandler:
         # Most records carry no redrive header: skip the contract parsing for them.
         if not any(is_redrive_header(name) for name, _ in headers):
             return None, list(headers), 1
-        delivery = read_delivery_headers(headers)
-        if delivery is not None and delivery.group not in (None, self.routing.group):
-            delivery = None  # another group's retry of a shared topic: new to this group
+        delivery = read_delivery(headers, self.routing.group)
         user_headers = [(n, v) for n, v in headers if not is_redrive_header(n)]
         return delivery, user_headers, delivery.attempt + 1 if delivery is not None else 1
 
@@ -210,96 +205,45 @@ class RecordHandler:
         attempt: int,
         error: BaseException,
     ) -> OutputRecord:
-        """The retry request or dead letter for a record whose handler raised ``error``."""
-        now = self.clock()
-        original_ts = delivery.original_timestamp if delivery is not None else None
-        try:
-            decision = self.policy.decide(
-                attempt,
-                error,
-                now_ms=now,
-                record_timestamp_ms=original_ts
-                if original_ts is not None
-                else _timestamp(record.timestamp_ms),
-                deadline_ms=delivery.deadline if delivery is not None else None,
-            )
-        except (KeyboardInterrupt, SystemExit):
-            raise
-        except BaseException as policy_error:  # noqa: BLE001 - a broken predicate, say
-            info = describe_error(policy_error)
-            text = (
-                f"policy error: deciding on {describe_error(error).type} raised "
-                f"{info.type}: {info.message}"
-            )
-            decision = DeadLetter(DeadLetterReason.FATAL_ERROR, text, attempt)
-        original_topic = record.topic
-        if delivery is not None and delivery.original_topic:
-            original_topic = delivery.original_topic
-        if isinstance(decision, DeadLetter):
-            return self._dead_letter(
-                record, delivery, user_headers, original_topic, error, decision
-            )
-        destination = self.routing.retry_destination(original_topic)
-        try:
-            request = next_request(
-                delivery,
-                destination=destination,
-                retry_at=decision.at_ms,
-                error=error,
-                record_topic=record.topic,
-                record_partition=record.partition,
-                record_offset=record.offset,
-                record_timestamp=_timestamp(record.timestamp_ms),
-                deadline=decision.deadline_ms,
-                group=self.routing.group,
-                # Back to the partition it came from, so a key's records stay together.
-                partition=record.partition if destination == record.topic else None,
-            )
-        except HeaderError as header_error:
-            text = f"cannot write the retry request: {header_error}"
-            dead = DeadLetter(DeadLetterReason.INVALID_REQUEST, text, attempt)
-            return self._dead_letter(record, delivery, user_headers, original_topic, error, dead)
-        return OutputRecord(
-            self.routing.requests_topic, record.key, record.value, encode(request, user_headers)
+        """The retry request or dead letter for a record whose handler raised ``error``,
+        as the failure router (:mod:`redrive.router`) decides it."""
+        failure = FailedRecord(
+            record.topic,
+            record.partition,
+            record.offset,
+            record.timestamp_ms,
+            record.key,
+            record.value,
+            user_headers,
+            delivery,
+            attempt,
         )
-
-    def _dead_letter(
-        self,
-        record: SourceRecord,
-        delivery: RetryHeaders | None,
-        user_headers: list[Header],
-        original_topic: str,
-        error: BaseException,
-        dead: DeadLetter,
-    ) -> OutputRecord:
-        target = self.routing.dead_letter_topic(original_topic)
-        now = self.clock()
-        try:
-            headers = next_request(
-                delivery,
-                destination=original_topic,
-                retry_at=now,
-                error=describe_error(error),
-                record_topic=record.topic,
-                record_partition=record.partition,
-                record_offset=record.offset,
-                record_timestamp=_timestamp(record.timestamp_ms),
-                group=self.routing.group,
-                send_to="dlq",
-                deadline=delivery.deadline if delivery is not None else None,
-                reason=dead.text,
-                attempt=dead.attempt,
+        home = record.topic
+        if delivery is not None and delivery.original_topic:
+            home = delivery.original_topic
+        routing = self.routing
+        destination = routing.retry_destination(home)
+        outcome = Router(self.policy, routing.group, self.clock).route(
+            failure,
+            error,
+            retry_to=RetryTarget.through(routing.requests_topic, destination, failure),
+            dead_letters=routing.dead_letter_topic(home),
+            home=home,
+        )
+        if isinstance(outcome, DeadLettered):
+            topic, headers, partition = outcome.topic, outcome.headers, None
+        else:
+            # Never None here: retry_to was given, so the retry has its request.
+            assert outcome.request is not None
+            assert outcome.target is not None
+            topic, headers, partition = (
+                outcome.target.topic,
+                outcome.request,
+                outcome.target.partition,
             )
-        except HeaderError as header_error:  # not expected: keep the letter, say why
-            headers = RetryHeaders(
-                destination=record.topic,
-                retry_at=now,
-                attempt=dead.attempt,
-                send_to="dlq",
-                group=self.routing.group,
-                reason=f"{dead.text} (headers incomplete: {header_error})",
-            )
-        return OutputRecord(target, record.key, record.value, encode(headers, user_headers))
+        return OutputRecord(
+            topic, record.key, record.value, encode(headers, user_headers), partition
+        )
 
 
 def _as_output_value(result: object) -> bytes | None:
@@ -336,11 +280,6 @@ def _arrow_schema() -> pa.Schema:
     )
 
 
-def _timestamp(value: int | None) -> int | None:
-    """A record timestamp usable in the contract (Kafka uses -1 for 'none')."""
-    return value if value is not None and value >= 0 else None
-
-
 def _header_lists(column: pa.ListArray) -> list[list[Header]] | None:
     """Each row's headers as (name, value) pairs, or None when no row has any (most
     streams carry none): then nothing is converted per row. A row without headers may
@@ -372,7 +311,7 @@ class _Coordinates:
             topics[row],
             partitions[row],
             offsets[row],
-            _timestamp(timestamps[row]),
+            record_time(timestamps[row]),
             key,
             value,
             headers,

@@ -7,7 +7,7 @@ scheduler do, with Spark state instead of PostgreSQL:
    destination and message key (a request without a key is a group of its own), so
    that a key's retries stay in one place and the work spreads over partitions.
 2. In ``transformWithStateInPandas`` (:class:`RetryScheduler`), check each request
-   with the retry service's own :func:`redrive.service.requests.classify`: the same
+   with the retry service's own :func:`redrive.requests.classify`: the same
    header contract, destination allowlist, deadline and topic checks. An invalid
    request becomes a dead letter on the DLQ topic, with the request's headers and
    ``redrive-dead-letter-reason`` carrying the same reason text the service gives.
@@ -34,31 +34,25 @@ without it, timers restored from the checkpoint would wait for the next request.
 
 Delivery is at-least-once, as everywhere in redrive: a batch that fails half-way is
 run again after a restart, which may deliver some messages twice, never zero times.
+
+Beside this module: :mod:`redrive.spark.scheduler_rules` (what requests are checked
+against, on the executors) and :mod:`redrive.spark.pending_messages` (a message as
+it waits in state).
 """
 
 from __future__ import annotations
 
-import base64
-import json
-import threading
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 
 from redrive.errors import ConfigError
-from redrive.headers import Header
-from redrive.service.config import ServiceSettings
-from redrive.service.intake import DEAD_LETTER_REASON_HEADER
-from redrive.service.requests import Incoming, IntakeRules, Reason, classify
-from redrive.service.store import (
-    DeadLetter,
-    PendingRetry,
-    RequestCoordinates,
-    headers_as_json,
-    headers_from_json,
-)
+from redrive.headers import DEAD_LETTER_REASON, Header
+from redrive.reasons import DeadLetterReason
+from redrive.records import DeadLetterRecord, RequestCoordinates
+from redrive.requests import Incoming, IntakeRules, classify
+from redrive.spark.pending_messages import PendingMessage
 from redrive.spark.pipeline import OUTPUT_SCHEMA, OutputRecord
+from redrive.spark.scheduler_rules import SchedulerRules
 from redrive.spark.session import ROCKSDB_PROVIDER
 
 try:  # PySpark is an optional dependency (the `spark` extra)
@@ -76,171 +70,18 @@ PENDING_SCHEMA: Final = "due_ms LONG, message BINARY"
 TICK: Final = "redrive-tick"
 """The grouping key of the one tick row per micro-batch (see scheduler_dataframe)."""
 
-METADATA_WAIT_S: Final = 120.0
-"""How long a batch waits for the broker to answer topic metadata before failing."""
 
-
-@dataclass(frozen=True, slots=True)
-class PendingMessage:
-    """A valid retry request waiting in state: what to deliver, where and when."""
-
-    due_ms: int
-    destination: str
-    partition: int | None
-    key: bytes | None
-    value: bytes | None
-    headers: list[Header]
-    deadline_ms: int | None
-    request: tuple[str, int, int]
-    """Where the request was read from (topic, partition, offset)."""
-
-    @classmethod
-    def of(cls, retry: PendingRetry) -> PendingMessage:
-        r = retry.request
-        return cls(
-            retry.due_ms,
-            retry.destination,
-            retry.partition,
-            retry.key,
-            retry.value,
-            retry.headers,
-            retry.deadline_ms,
-            (r.topic, r.partition, r.offset),
-        )
-
-    def to_bytes(self) -> bytes:
-        """JSON, binary parts in base64; headers as the service stores them."""
-
-        def b64(data: bytes | None) -> str | None:
-            return None if data is None else base64.b64encode(data).decode()
-
-        return json.dumps(
-            {
-                "due": self.due_ms,
-                "destination": self.destination,
-                "partition": self.partition,
-                "key": b64(self.key),
-                "value": b64(self.value),
-                "headers": headers_as_json(self.headers),
-                "deadline": self.deadline_ms,
-                "request": list(self.request),
-            },
-            separators=(",", ":"),
-        ).encode()
-
-    @classmethod
-    def from_bytes(cls, data: bytes) -> PendingMessage:
-        item = json.loads(data)
-
-        def unb64(text: str | None) -> bytes | None:
-            return None if text is None else base64.b64decode(text)
-
-        topic, partition, offset = item["request"]
-        return cls(
-            int(item["due"]),
-            item["destination"],
-            item["partition"],
-            unb64(item["key"]),
-            unb64(item["value"]),
-            headers_from_json(item["headers"]),
-            item["deadline"],
-            (topic, int(partition), int(offset)),
-        )
-
-    def delivery(self) -> OutputRecord:
-        """The message as it goes to its destination: key, partition, headers unchanged."""
-        return OutputRecord(self.destination, self.key, self.value, self.headers, self.partition)
-
-
-@dataclass(frozen=True)
-class SchedulerRules:
-    """What the scheduler checks requests against; shipped to the executors.
-
-    Built from validated :class:`ServiceSettings` values (:meth:`from_settings`), so
-    that the allowlist means exactly what it means to ``redrive serve``.
-    """
-
-    requests_topic: str
-    dlq_topic: str
-    allowed_destinations: tuple[str, ...]
-    max_delay_ms: int
-    admin_config: tuple[tuple[str, str], ...]
-    """librdkafka settings of the client that looks up topic metadata."""
-
-    @classmethod
-    def from_settings(
-        cls, settings: ServiceSettings, admin_config: Mapping[str, str]
-    ) -> SchedulerRules:
-        return cls(
-            requests_topic=settings.requests_topic,
-            dlq_topic=settings.dlq_topic,
-            allowed_destinations=tuple(settings.allowed_destinations),
-            max_delay_ms=int(settings.max_delay_days * 86_400_000),
-            admin_config=tuple(sorted(admin_config.items())),
-        )
-
-    def intake_rules(self) -> IntakeRules:
-        """The rules for :func:`classify`: the service's allowlist check
-        (ServiceSettings.destination_allowed) and topic metadata from this worker's cache."""
-        settings = ServiceSettings.model_construct(  # validated on the driver already
-            requests_topic=self.requests_topic,
-            dlq_topic=self.dlq_topic,
-            allowed_destinations=list(self.allowed_destinations),
-        )
-        return IntakeRules(
-            destination_allowed=settings.destination_allowed,
-            partitions_of=_partitions_lookup(self.admin_config),
-            max_delay_ms=self.max_delay_ms,
-        )
-
-
-_lookups: dict[tuple[tuple[str, str], ...], Callable[[str], int | None]] = {}
-_lookups_lock = threading.Lock()
-
-
-def _partitions_lookup(config: tuple[tuple[str, str], ...]) -> Callable[[str], int | None]:
-    """Partition counts of topics, cached per Python worker (one admin client each).
-
-    While the broker cannot answer, waits up to :data:`METADATA_WAIT_S`, then raises
-    MetadataUnavailable, which fails the batch: the query stops, and a restart reads
-    the same requests again. Nothing is dead-lettered for a broker outage.
-    """
-    with _lookups_lock:
-        lookup = _lookups.get(config)
-        if lookup is None:
-            from confluent_kafka.admin import AdminClient
-
-            from redrive.service.topics import MetadataUnavailable, TopicMetadata
-
-            metadata = TopicMetadata(AdminClient(dict(config)))
-
-            def partitions_of(topic: str) -> int | None:
-                deadline = time.monotonic() + METADATA_WAIT_S
-                delay = 0.2
-                while True:
-                    try:
-                        return metadata.partitions_of(topic)
-                    except MetadataUnavailable:
-                        if time.monotonic() + delay > deadline:
-                            raise
-                        time.sleep(delay)
-                        delay = min(delay * 2, 5.0)
-
-            lookup = _lookups[config] = partitions_of
-        return lookup
-
-
-def dead_letter_record(letter: DeadLetter, dlq_topic: str) -> OutputRecord:
+def dlq_record(letter: DeadLetterRecord, dlq_topic: str) -> OutputRecord:
     """A refused request on the DLQ topic, as ``redrive serve`` mirrors it: the request's
     key, value and headers, plus ``redrive-dead-letter-reason``."""
-    headers = [*letter.headers, (DEAD_LETTER_REASON_HEADER, letter.reason.encode())]
+    headers = [*letter.headers, (DEAD_LETTER_REASON, letter.reason.encode())]
     return OutputRecord(dlq_topic, letter.key, letter.value, headers)
 
 
-def _dead(message: PendingMessage, code: str, reason: str) -> DeadLetter:
+def _dead(message: PendingMessage, code: DeadLetterReason, reason: str) -> DeadLetterRecord:
     """A pending message that will not be delivered, with the service's wording."""
     topic, partition, offset = message.request
-    return DeadLetter(
+    return DeadLetterRecord(
         topic=message.destination,
         key=message.key,
         value=message.value,
@@ -252,21 +93,21 @@ def _dead(message: PendingMessage, code: str, reason: str) -> DeadLetter:
     )
 
 
-def _expired(message: PendingMessage) -> DeadLetter:
+def _expired(message: PendingMessage) -> DeadLetterRecord:
     """A message whose deadline passed while it waited."""
     return _dead(
         message,
-        Reason.DEADLINE_PASSED,
+        DeadLetterReason.DEADLINE_PASSED,
         f"deadline passed while pending: redrive-deadline {message.deadline_ms}, "
         f"due {message.due_ms}",
     )
 
 
-def _gone(message: PendingMessage) -> DeadLetter:
+def _gone(message: PendingMessage) -> DeadLetterRecord:
     """A message whose destination topic disappeared while it waited."""
     return _dead(
         message,
-        Reason.UNKNOWN_DESTINATION,
+        DeadLetterReason.UNKNOWN_DESTINATION,
         f"destination topic {message.destination!r} does not exist",
     )
 
@@ -356,8 +197,8 @@ class RetryScheduler(StatefulProcessor):
                     _headers(headers),
                 )
                 result = classify(request, self.intake, now)
-                if isinstance(result, DeadLetter):
-                    out.append(dead_letter_record(result, self.rules.dlq_topic))
+                if isinstance(result, DeadLetterRecord):
+                    out.append(dlq_record(result, self.rules.dlq_topic))
                 elif result.due_ms <= now:
                     out.append(PendingMessage.of(result).delivery())
                 else:
@@ -392,9 +233,9 @@ class RetryScheduler(StatefulProcessor):
         out: list[OutputRecord] = []
         for message in sorted(due, key=lambda m: (m.due_ms, m.request)):
             if message.deadline_ms is not None and message.deadline_ms < now:
-                out.append(dead_letter_record(_expired(message), self.rules.dlq_topic))
+                out.append(dlq_record(_expired(message), self.rules.dlq_topic))
             elif self.intake.partitions_of(message.destination) is None:
-                out.append(dead_letter_record(_gone(message), self.rules.dlq_topic))
+                out.append(dlq_record(_gone(message), self.rules.dlq_topic))
             else:
                 out.append(message.delivery())
         yield _frame(out)
@@ -407,7 +248,7 @@ def _ensure_topics(admin_config: Mapping[str, str], topics: Mapping[str, int]) -
     """Create the topics (name -> partitions) that do not exist yet."""
     from confluent_kafka.admin import AdminClient
 
-    from redrive.service.topics import ensure_topic
+    from redrive.topic_admin import ensure_topic
 
     admin = AdminClient(dict(admin_config))
     for topic, partitions in topics.items():
@@ -506,14 +347,14 @@ def build_scheduler_query(
             f"is {provider!r}; transformWithStateInPandas needs the RocksDB provider",
             f"set it to {ROCKSDB_PROVIDER} (redrive.spark.spark_session does)",
         )
-    settings = ServiceSettings(
+    admin = {"bootstrap.servers": bootstrap, **(admin_config or {})}
+    rules = SchedulerRules.checked(
         requests_topic=requests_topic,
         dlq_topic=dlq_topic,
-        allowed_destinations=list(allowed_destinations),
+        allowed_destinations=allowed_destinations,
         max_delay_days=max_delay_days,
+        admin_config=admin,
     )
-    admin = {"bootstrap.servers": bootstrap, **(admin_config or {})}
-    rules = SchedulerRules.from_settings(settings, admin)
     if create_topics:
         # As `redrive serve` creates them: the requests topic with 6 partitions.
         _ensure_topics(admin, {requests_topic: 6, dlq_topic: 1})

@@ -1,9 +1,12 @@
-"""What intake makes of one message on the requests topic.
+"""What becomes of one message on the requests topic: request classification.
 
-`classify` turns a request into a PendingRetry, or into a DeadLetter whose reason says
-exactly what was wrong. It is pure (topic metadata comes in as a function), so the
-catalogue of bad requests is tested without a broker, and nothing here can raise on
-bad input: every request ends as one or the other.
+`classify` turns a request into a PendingRetry, or into a DeadLetterRecord whose
+reason says exactly what was wrong. The retry service's intake and the Spark
+scheduler both use it, so a request is judged the same by either. It is pure (the
+allowlist and topic metadata come in as functions), so the catalogue of bad
+requests is tested without a broker, and nothing here can raise on bad input
+(only the metadata lookup may, when the broker cannot answer): every request ends
+as one or the other.
 """
 
 from __future__ import annotations
@@ -14,24 +17,25 @@ from typing import Final
 
 from confluent_kafka import Message
 
-from redrive.headers import Header, HeaderError, RetryHeaders, decode, split_headers
+from redrive.headers import (
+    DESTINATION,
+    ERROR_MESSAGE,
+    ERROR_TYPE,
+    GROUP,
+    MAX_ERROR_MESSAGE_BYTES,
+    MAX_TOPIC_LENGTH,
+    MAX_VALUE_BYTES,
+    Header,
+    HeaderError,
+    RetryHeaders,
+    decode,
+    split_headers,
+)
 from redrive.kafka import read_headers
-from redrive.service.store import DeadLetter, PendingRetry, RequestCoordinates
+from redrive.reasons import DeadLetterReason
+from redrive.records import DeadLetterRecord, PendingRetry, RequestCoordinates
 
 SOURCE: Final = "intake"
-
-
-class Reason:
-    """Stable reason codes of dead letters made by intake (the text says the details)."""
-
-    INVALID_REQUEST: Final = "invalid_request"
-    DESTINATION_NOT_ALLOWED: Final = "destination_not_allowed"
-    UNKNOWN_DESTINATION: Final = "unknown_destination"
-    PARTITION_OUT_OF_RANGE: Final = "partition_out_of_range"
-    EMPTY_VALUE: Final = "empty_value"
-    DEADLINE_PASSED: Final = "deadline_passed"
-    RETRY_AT_TOO_FAR: Final = "retry_at_too_far"
-    SENT_TO_DLQ: Final = "sent_to_dlq"
 
 
 @dataclass(slots=True)  # not frozen: built once per request, on the hot path
@@ -70,46 +74,48 @@ class IntakeRules:
     max_delay_ms: int
 
 
-def classify(msg: Incoming, rules: IntakeRules, now_ms: int) -> PendingRetry | DeadLetter:
+def classify(msg: Incoming, rules: IntakeRules, now_ms: int) -> PendingRetry | DeadLetterRecord:
     """A valid request becomes a pending retry; anything else a dead letter with its reason."""
     if msg.header_problem is not None:
         # Some headers are gone: even a request that decodes may have lost one that
         # mattered (its deadline, its group), so it is not scheduled on a guess.
-        return _dead(msg, None, Reason.INVALID_REQUEST, f"invalid request: {msg.header_problem}")
+        return _dead(
+            msg, None, DeadLetterReason.INVALID_REQUEST, f"invalid request: {msg.header_problem}"
+        )
     try:
         request, _ = decode(msg.headers)
     except HeaderError as error:
-        return _dead(msg, None, Reason.INVALID_REQUEST, f"invalid request: {error}")
+        return _dead(msg, None, DeadLetterReason.INVALID_REQUEST, f"invalid request: {error}")
 
-    def dead(code: str, reason: str) -> DeadLetter:
+    def dead(code: DeadLetterReason, reason: str) -> DeadLetterRecord:
         return _dead(msg, request, code, reason)
 
     if not rules.destination_allowed(request.destination):
         return dead(
-            Reason.DESTINATION_NOT_ALLOWED,
+            DeadLetterReason.DESTINATION_NOT_ALLOWED,
             f"destination not allowed: {request.destination!r} is not in the allowlist",
         )
     if request.send_to == "dlq":
         why = f": {request.reason}" if request.reason else ""
         return dead(
-            Reason.SENT_TO_DLQ,
+            DeadLetterReason.SENT_TO_DLQ,
             "sent to the dead letters by its consumer "
             f"(redrive-send-to: dlq) after attempt {request.attempt}{why}",
         )
     if not msg.value:
         return dead(
-            Reason.EMPTY_VALUE,
+            DeadLetterReason.EMPTY_VALUE,
             "empty value: a retry request must carry the message to deliver",
         )
     if request.deadline is not None and request.deadline < now_ms:
         return dead(
-            Reason.DEADLINE_PASSED,
+            DeadLetterReason.DEADLINE_PASSED,
             f"deadline passed: redrive-deadline {request.deadline} is "
             f"{now_ms - request.deadline} ms before it reached the retry service",
         )
     if request.deadline is not None and request.retry_at > request.deadline:
         return dead(
-            Reason.DEADLINE_PASSED,
+            DeadLetterReason.DEADLINE_PASSED,
             f"due after its deadline: redrive-retry-at {request.retry_at} is later than "
             f"redrive-deadline {request.deadline}",
         )
@@ -117,19 +123,19 @@ def classify(msg: Incoming, rules: IntakeRules, now_ms: int) -> PendingRetry | D
         days = (request.retry_at - now_ms) / 86_400_000
         limit = rules.max_delay_ms / 86_400_000
         return dead(
-            Reason.RETRY_AT_TOO_FAR,
+            DeadLetterReason.RETRY_AT_TOO_FAR,
             f"redrive-retry-at is {days:.1f} days ahead; the limit is {limit:g} days "
             "(setting max_delay_days)",
         )
     partitions = rules.partitions_of(request.destination)
     if partitions is None:
         return dead(
-            Reason.UNKNOWN_DESTINATION,
+            DeadLetterReason.UNKNOWN_DESTINATION,
             f"destination topic {request.destination!r} does not exist",
         )
     if request.partition is not None and request.partition >= partitions:
         return dead(
-            Reason.PARTITION_OUT_OF_RANGE,
+            DeadLetterReason.PARTITION_OUT_OF_RANGE,
             f"redrive-partition {request.partition} does not exist: "
             f"{request.destination!r} has {partitions} partition(s)",
         )
@@ -155,14 +161,16 @@ def _text(raw: bytes | None) -> str | None:
     return None if raw is None else raw.decode("utf-8", "replace")
 
 
-def _dead(msg: Incoming, request: RetryHeaders | None, code: str, reason: str) -> DeadLetter:
+def _dead(
+    msg: Incoming, request: RetryHeaders | None, code: DeadLetterReason, reason: str
+) -> DeadLetterRecord:
     """A dead letter keeping the request whole: raw headers, key, value, coordinates.
 
     When the headers could not be decoded, the columns are filled from what is
     readable, so that operators can still search the letter by topic or error.
     """
     if request is not None:
-        return DeadLetter(
+        return DeadLetterRecord(
             topic=request.destination,
             key=msg.key,
             value=msg.value,
@@ -182,16 +190,16 @@ def _dead(msg: Incoming, request: RetryHeaders | None, code: str, reason: str) -
             request=msg.coordinates,
         )
     raw, _ = split_headers(msg.headers)
-    return DeadLetter(
-        topic=(_text(raw.get("redrive-destination")) or "")[:249] or None,
+    return DeadLetterRecord(
+        topic=(_text(raw.get(DESTINATION)) or "")[:MAX_TOPIC_LENGTH] or None,
         key=msg.key,
         value=msg.value,
         headers=msg.headers,
         reason_code=code,
         reason=reason,
         source=SOURCE,
-        group=(_text(raw.get("redrive-group")) or "")[:1024] or None,
-        error_type=(_text(raw.get("redrive-error-type")) or "")[:1024] or None,
-        error_message=(_text(raw.get("redrive-error-message")) or "")[:1024] or None,
+        group=(_text(raw.get(GROUP)) or "")[:MAX_VALUE_BYTES] or None,
+        error_type=(_text(raw.get(ERROR_TYPE)) or "")[:MAX_VALUE_BYTES] or None,
+        error_message=(_text(raw.get(ERROR_MESSAGE)) or "")[:MAX_ERROR_MESSAGE_BYTES] or None,
         request=msg.coordinates,
     )

@@ -1,4 +1,4 @@
-"""Intake's classification of retry requests, without a broker."""
+"""The classification of retry requests (intake's and the Spark scheduler's), without a broker."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from redrive.headers import RetryHeaders, encode
-from redrive.service.requests import Incoming, IntakeRules, Reason, classify
-from redrive.service.store import DeadLetter, PendingRetry
+from redrive.reasons import DeadLetterReason as Reason
+from redrive.records import DeadLetterRecord, PendingRetry
+from redrive.requests import Incoming, IntakeRules, classify
 
 pytestmark = pytest.mark.unit
 
@@ -81,7 +82,7 @@ def test_refusals_name_the_problem(
     base: dict[str, object] = {"destination": "orders", "retry_at": NOW + 1_000}
     headers = encode(RetryHeaders(**{**base, **fields}))  # type: ignore[arg-type]
     result = classify(incoming(headers, value), RULES, NOW)
-    assert isinstance(result, DeadLetter)
+    assert isinstance(result, DeadLetterRecord)
     assert result.reason_code == code
     assert text in result.reason
     assert result.headers == headers and result.value == value
@@ -95,7 +96,7 @@ def test_undecodable_headers_still_keep_what_is_readable() -> None:
         ("x", b"\x00"),
     ]
     result = classify(incoming(headers), RULES, NOW)
-    assert isinstance(result, DeadLetter)
+    assert isinstance(result, DeadLetterRecord)
     assert result.reason_code == Reason.INVALID_REQUEST
     assert "redrive-retry-at: not a decimal integer" in result.reason
     assert (result.topic, result.error_type, result.headers) == ("orders", "app.Boom", headers)
@@ -145,8 +146,8 @@ def test_any_message_ends_as_exactly_one_outcome_and_never_raises(
     headers: list[tuple[str, bytes | None]], value: bytes | None
 ) -> None:
     result = classify(incoming(headers, value), RULES, NOW)
-    assert isinstance(result, PendingRetry | DeadLetter)
-    if isinstance(result, DeadLetter):
+    assert isinstance(result, PendingRetry | DeadLetterRecord)
+    if isinstance(result, DeadLetterRecord):
         assert result.reason and result.reason_code
         assert result.headers == headers and result.value == value
     else:

@@ -1,0 +1,333 @@
+"""One record's way through the App: handled, or its failure routed and carried out.
+
+Invariant: :meth:`Records.process` deals with every record it is given. It returns
+None once the record is dealt with (handled; its retry handed to Kafka; or
+dead-lettered), or a :class:`Wait` for a record to handle again at the same offset
+later (a retry in place, a tier record not due yet). What a failure becomes is the
+failure router's decision (``route.router``, :mod:`redrive.router`); where the retry
+goes and how it waits, the strategy's (``route.plan``).
+
+No record stops the loop: a record whose headers cannot be read, or whose value does
+not deserialize, is a dead letter with its raw key and value; any other exception of
+redrive's own on a record is turned into one by :meth:`Records.unprocessable`. Only
+a hand-off the producer refuses for good stops the App, uncommitted (nothing is lost).
+
+The success path is the hot path: per record only the header read, the handler call
+and a few dict operations; counts are kept per batch (:attr:`Records.handled`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+from confluent_kafka import Message as KafkaMessage
+
+from redrive.consumer.errors import (
+    DeserializationError,
+    UnprocessableRecordError,
+    UnreadableHeadersError,
+)
+from redrive.consumer.handlers import refuse_awaitable
+from redrive.consumer.message import Message
+from redrive.consumer.metrics import ConsumerMetrics
+from redrive.consumer.offsets import Partition
+from redrive.consumer.publisher import Publisher
+from redrive.consumer.routes import Kind, Route
+from redrive.consumer.strategies import Wait
+from redrive.headers import Header, RetryHeaders, is_redrive_header
+from redrive.kafka import read_headers
+from redrive.policy import DeadLetter, Retry
+from redrive.router import DeadLettered, FailedRecord, Retried, read_delivery
+
+log = structlog.get_logger("redrive.consumer")
+
+RetryHook = Callable[[Message, Retry, BaseException], None]
+DeadLetterHook = Callable[[Message | None, DeadLetter, BaseException], None]
+
+
+@dataclass(frozen=True, slots=True)
+class InPlace:
+    """A record being retried in place (blocking, pause): its failures so far."""
+
+    offset: int
+    failures: int
+    first_failure_ms: int
+
+
+class Records:
+    """Processes the records of one App (see the module)."""
+
+    def __init__(
+        self,
+        group: str,
+        reads: dict[str, tuple[Route, Kind]],
+        requests_topic: str,
+        publisher: Publisher,
+        metrics: ConsumerMetrics,
+        on_retry: RetryHook | None,
+        on_dead_letter: DeadLetterHook | None,
+    ) -> None:
+        self.group = group
+        self.reads = reads
+        self.requests_topic = requests_topic
+        self.publisher = publisher
+        self.metrics = metrics
+        self.on_retry = on_retry
+        self.on_dead_letter = on_dead_letter
+        self.in_place: dict[Partition, InPlace] = {}
+        """Records retried in place, by partition; kept across a rebalance while their
+        partition's wait is parked (see :meth:`redrive.consumer.pauses.PauseBook.release`)."""
+        self.handled: dict[str, int] = {}
+        """Records handled in the current batch, by route topic."""
+
+    def process(self, record: KafkaMessage, topic: str, partition: int, offset: int) -> Wait | None:
+        """Deal with one record; None when it is dealt with, else how long to wait."""
+        route, kind = self.reads[topic]
+        headers, unreadable = read_headers(record)
+        delivery = None
+        user_headers = headers
+        if headers and any(is_redrive_header(name) for name, _ in headers):
+            delivery = read_delivery(headers, self.group)
+            user_headers = [(k, v) for k, v in headers if not is_redrive_header(k)]
+        if unreadable is not None:
+            attempt = delivery.attempt + 1 if delivery else 1
+            failure = _failure(record, topic, partition, offset, user_headers, delivery, attempt)
+            self._reject(route, failure, None, UnreadableHeadersError(unreadable), unreadable)
+            return None
+        if delivery is not None and kind != "source":  # a tier record may not be due yet
+            wait = route.plan.hold(route, topic, partition, offset, delivery)
+            if wait is not None:
+                return wait
+        state = self.in_place.get((topic, partition)) if self.in_place else None
+        if state is not None and state.offset != offset:
+            state = None
+        failures = state.failures if state else (delivery.attempt if delivery else 0)
+        raw_value = record.value()
+        deserialize = route.value_deserializer
+        try:
+            # A tombstone (no value) reaches the handler as None, not through the deserializer.
+            value = (
+                raw_value if deserialize is None or raw_value is None else deserialize(raw_value)
+            )
+        except Exception as exc:  # noqa: BLE001 - any deserializer failure is the record's
+            shown = safe_repr(exc, limit=None)
+            error: BaseException = DeserializationError(f"cannot deserialize: {shown}")
+            error.__cause__ = exc
+            failure = _failure(
+                record, topic, partition, offset, user_headers, delivery, failures + 1
+            )
+            problem = f"value cannot be deserialized ({shown})"
+            self._reject(route, failure, None, error, problem)
+            return None
+        stamp_type, stamp = record.timestamp()  # _timestamp(record), without a call
+        message = Message(
+            topic,
+            partition,
+            offset,
+            record.key(),
+            value,
+            raw_value,
+            user_headers,
+            stamp if stamp_type and stamp >= 0 else None,
+            failures + 1,
+            delivery,
+        )
+        try:
+            result = route.handler(message)
+        except Exception as exc:  # noqa: BLE001 - the handler's failure is what we handle
+            return self._failed(route, message, state, exc)
+        if result is not None and inspect.isawaitable(result):
+            # An async function behind a plain one: its body never ran.
+            return self._failed(route, message, state, refuse_awaitable(result))
+        handled = self.handled
+        handled[route.topic] = handled.get(route.topic, 0) + 1
+        if state is not None:
+            del self.in_place[(topic, partition)]
+        return None
+
+    def unprocessable(
+        self, record: KafkaMessage, topic: str, partition: int, offset: int, cause: Exception
+    ) -> None:
+        """redrive failed on a record (a bug, or input no check foresaw): a dead letter
+        built from the record alone, so that the consumer goes on. Should even that
+        fail (the producer refuses it), the error stops the loop, uncommitted."""
+        log.exception(
+            "cannot process record; dead-lettering it",
+            topic=topic,
+            partition=partition,
+            offset=offset,
+        )
+        self.in_place.pop((topic, partition), None)
+        route, _ = self.reads[topic]
+        readable = read_headers(record)[0]
+        headers = [(k, v) for k, v in readable if not is_redrive_header(k)]
+        shown = safe_repr(cause)
+        error = UnprocessableRecordError(f"redrive could not process this record: {shown}")
+        error.__cause__ = cause
+        problem = f"redrive could not process this record ({shown})"
+        failure = _failure(record, topic, partition, offset, headers, None, 1)
+        self._reject(route, failure, None, error, problem)
+
+    def _failed(
+        self, route: Route, message: Message, state: InPlace | None, error: BaseException
+    ) -> Wait | None:
+        failure = FailedRecord(
+            message.topic,
+            message.partition,
+            message.offset,
+            message.timestamp_ms,
+            message.key,
+            message.raw_value,
+            message.headers,
+            message.retry,
+            message.attempt,
+        )
+        plan = route.plan
+        outcome = route.router.route(
+            failure,
+            error,
+            retry_to=plan.retry_to(route, failure, self.requests_topic),
+            dead_letters=self._dead_letter_topic(route),
+            home=route.topic,
+            first_failure_ms=state.first_failure_ms if state else None,
+        )
+        tp = (message.topic, message.partition)
+        log.info(
+            "handler failed",
+            topic=message.topic,
+            partition=message.partition,
+            offset=message.offset,
+            attempt=message.attempt,
+            error=safe_repr(error),
+            decision=str(outcome.decision)
+            if isinstance(outcome, DeadLettered)
+            else f"retry in {outcome.decision.delay_ms} ms",
+        )
+        if isinstance(outcome, DeadLettered):
+            self.in_place.pop(tp, None)
+            self._dead_letter(route, failure, outcome, message, error)
+            return None
+        return self._retry(route, failure, outcome, message, state, error)
+
+    def _retry(
+        self,
+        route: Route,
+        failure: FailedRecord,
+        outcome: Retried,
+        message: Message,
+        state: InPlace | None,
+        error: BaseException,
+    ) -> Wait | None:
+        """Carry out a retry: hand its request off, or wait for it in place. Counted
+        once the retry is under way (a hand-off that raised is not one)."""
+        if outcome.request is not None and outcome.target is not None:
+            self.publisher.send(
+                outcome.target.topic,
+                key=failure.key,
+                value=failure.value,
+                user_headers=failure.headers,
+                redrive=outcome.request,
+                partition=outcome.target.partition,
+            )
+        wait = route.plan.wait(outcome.decision)
+        self.metrics.records.labels(route.topic, "retried").inc()
+        self._hook(self.on_retry, message, outcome.decision, error)
+        if wait is not None:
+            first = state.first_failure_ms if state else outcome.failed_at_ms
+            tp = (failure.topic, failure.partition)
+            self.in_place[tp] = InPlace(failure.offset, failure.attempt, first)
+        return wait
+
+    def _reject(
+        self,
+        route: Route,
+        failure: FailedRecord,
+        message: Message | None,
+        error: BaseException,
+        problem: str,
+    ) -> None:
+        """A record that cannot reach its handler: a dead letter, without the policy."""
+        dead_letters = self._dead_letter_topic(route)
+        outcome = route.router.reject(
+            failure, error, problem, dead_letters=dead_letters, home=route.topic
+        )
+        self._dead_letter(route, failure, outcome, message, error)
+
+    def _dead_letter_topic(self, route: Route) -> str:
+        return self.requests_topic if route.dead_letters == "service" else route.dlq_topic
+
+    def _dead_letter(
+        self,
+        route: Route,
+        failure: FailedRecord,
+        outcome: DeadLettered,
+        message: Message | None,
+        error: BaseException,
+    ) -> None:
+        self.publisher.send(
+            outcome.topic,
+            key=failure.key,
+            value=failure.value,
+            user_headers=failure.headers,
+            redrive=outcome.headers,
+        )
+        self.metrics.records.labels(route.topic, "dead_lettered").inc()
+        log.warning(
+            "dead-lettered",
+            topic=failure.topic,
+            partition=failure.partition,
+            offset=failure.offset,
+            to=outcome.topic,
+            reason=outcome.decision.text,
+        )
+        self._hook(self.on_dead_letter, message, outcome.decision, error)
+
+    def _hook(self, hook: Callable[..., None] | None, *args: Any) -> None:
+        if hook is None:
+            return
+        try:
+            hook(*args)
+        except Exception:
+            log.exception("hook failed", hook=getattr(hook, "__name__", repr(hook)))
+
+
+def _failure(
+    record: KafkaMessage,
+    topic: str,
+    partition: int,
+    offset: int,
+    headers: list[Header],
+    delivery: RetryHeaders | None,
+    attempt: int,
+) -> FailedRecord:
+    """A record that did not reach its handler, as the router takes it."""
+    return FailedRecord(
+        topic,
+        partition,
+        offset,
+        record_timestamp(record),
+        record.key(),
+        record.value(),
+        headers,
+        delivery,
+        attempt,
+    )
+
+
+def record_timestamp(record: KafkaMessage) -> int | None:
+    """The record's time; None when it has none (type 0) or it is negative: the only
+    negative time a producer may mean is -1, none, and a later header cannot hold it."""
+    kind, value = record.timestamp()
+    return value if kind != 0 and value >= 0 else None
+
+
+def safe_repr(value: object, limit: int | None = 200) -> str:
+    """repr() for logs and reasons, which a broken __repr__ must not turn into a crash."""
+    try:
+        return repr(value)[:limit]
+    except Exception:  # noqa: BLE001 - any failure of user code in __repr__
+        return f"<unprintable {type(value).__name__}>"

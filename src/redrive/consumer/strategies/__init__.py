@@ -1,0 +1,24 @@
+"""The strategies: how the waiting for a retry happens, one module each.
+
+- :mod:`~redrive.consumer.strategies.blocking`: retried in place, its partition paused;
+- :mod:`~redrive.consumer.strategies.pause`: retried in place, every partition paused
+  (a circuit breaker);
+- :mod:`~redrive.consumer.strategies.topics`: through retry topics, one per delay;
+- :mod:`~redrive.consumer.strategies.service`: through the retry service.
+
+Each implements :class:`~redrive.consumer.strategies.base.RetryStrategy`. A new
+strategy is a new module here and one entry in :data:`BY_NAME`.
+"""
+
+from __future__ import annotations
+
+from redrive.consumer.strategies.base import DeadLetterTarget, Kind, RetryStrategy, Wait
+from redrive.consumer.strategies.blocking import Blocking
+from redrive.consumer.strategies.pause import Pause
+from redrive.consumer.strategies.service import Service
+from redrive.consumer.strategies.topics import Topics
+
+BY_NAME: dict[str, RetryStrategy] = {s.name: s for s in (Blocking(), Pause(), Topics(), Service())}
+"""Every strategy by the name ``@app.handler(topic, strategy=...)`` takes."""
+
+__all__ = ["BY_NAME", "DeadLetterTarget", "Kind", "RetryStrategy", "Wait"]

@@ -1,0 +1,92 @@
+"""The interface every strategy implements: how the waiting for a retry happens.
+
+The App's loop, offsets, commits and rebalances are the same for every strategy, and
+what a failure becomes (a retry or a dead letter, and their headers) is the failure
+router's decision (:mod:`redrive.router`). A strategy says only the rest:
+
+- which topics a route reads besides its own (:meth:`RetryStrategy.topics`), derived
+  from the route when it is registered (:meth:`RetryStrategy.prepare`);
+- whether a record that arrived with redrive headers must wait before it is handled
+  (:meth:`RetryStrategy.hold`: a tier record that is not due yet);
+- where a retry goes (:meth:`RetryStrategy.retry_to`: a topic, or None to retry the
+  record in place), and how the loop waits for a retry in place
+  (:meth:`RetryStrategy.wait`).
+
+A new strategy is a subclass in a module of its own, registered by name in
+:data:`redrive.consumer.strategies.BY_NAME`.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar, Literal, Protocol, TypeAlias
+
+from redrive.headers import RetryHeaders
+from redrive.policy import Policy, Retry
+from redrive.router import FailedRecord, RetryTarget
+
+DeadLetterTarget: TypeAlias = Literal["topic", "service"]
+Kind: TypeAlias = Literal["source", "tier", "redelivery"]
+"""What a topic a route reads is to it: its own, a retry tier, or a per-group topic."""
+
+
+class Route(Protocol):
+    """What a strategy sees of a handler's route (:class:`redrive.consumer.routes.Route`)."""
+
+    topic: str
+    policy: Policy
+    per_group_topic: bool
+    tiers: dict[int, str]
+
+    @property
+    def redelivery_topic(self) -> str: ...
+
+    def tier_for(self, attempt: int) -> str: ...
+
+    def tier_delay_ms(self, tier: str) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """The record's partition (with ``all_partitions``, every assigned partition) waits
+    until ``until_ms``, then the record is handled again."""
+
+    until_ms: int
+    all_partitions: bool = False
+
+
+class RetryStrategy(ABC):
+    """How the waiting for a retry happens (see the module)."""
+
+    name: ClassVar[str]
+    """What ``@app.handler(topic, strategy=...)`` calls it."""
+    default_dead_letters: ClassVar[DeadLetterTarget] = "topic"
+    """Where dead letters go unless the handler says (``dead_letters=``)."""
+    per_group_topic: ClassVar[bool] = False
+    """Whether retries can come back on ``<group>.<topic>.retry`` (``per_group_topic=``)."""
+
+    def prepare(self, route: Route) -> None:  # noqa: B027 - most strategies derive nothing
+        """Derive what the strategy needs from a route being registered (raise
+        :class:`redrive.errors.ConfigError` for a route it cannot serve)."""
+
+    def topics(self, route: Route) -> dict[str, Kind]:
+        """The topics the route reads besides its own."""
+        return {}
+
+    def hold(
+        self, route: Route, topic: str, partition: int, offset: int, delivery: RetryHeaders
+    ) -> Wait | None:
+        """Whether a record read from one of the strategy's own topics (:meth:`topics`)
+        with this group's redrive headers waits before it is handled (None: now)."""
+        return None
+
+    @abstractmethod
+    def retry_to(
+        self, route: Route, record: FailedRecord, requests_topic: str
+    ) -> RetryTarget | None:
+        """Where the retry of a failed record goes; None: it is retried in place."""
+
+    def wait(self, retry: Retry) -> Wait | None:
+        """How the loop waits for a retry in place (None for a retry handed off)."""
+        return None

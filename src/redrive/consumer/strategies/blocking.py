@@ -1,0 +1,24 @@
+"""``blocking``: stateful retry in place, order kept.
+
+The failed record is sought back and its partition paused until the retry is due;
+other partitions flow, and the loop keeps polling (no sleep, no rebalance, no
+duplicates). Nothing is written until the policy gives up.
+"""
+
+from __future__ import annotations
+
+from redrive.consumer.strategies.base import RetryStrategy, Route, Wait
+from redrive.policy import Retry
+from redrive.router import FailedRecord, RetryTarget
+
+
+class Blocking(RetryStrategy):
+    name = "blocking"
+
+    def retry_to(
+        self, route: Route, record: FailedRecord, requests_topic: str
+    ) -> RetryTarget | None:
+        return None
+
+    def wait(self, retry: Retry) -> Wait:
+        return Wait(retry.at_ms)

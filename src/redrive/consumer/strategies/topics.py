@@ -1,0 +1,87 @@
+"""``topics``: non-blocking, Kafka only, with a retry topic per delay.
+
+A failed record is written to the tier topic of its delay, ``<topic>.retry.<delay>``
+(``orders.retry.5m``), on the partition it came from (a tier has its source's
+partition count). The App reads the tiers too; a tier record not due yet holds its
+partition (sought back and paused, no sleep) until it is, then it is handled again.
+A tier record claiming to be due later than its tier's delay allows (a forged or
+corrupt ``redrive-retry-at``) would hold the partition for ever: it is handled now.
+"""
+
+from __future__ import annotations
+
+import structlog
+
+from redrive.consumer.strategies.base import Kind, RetryStrategy, Route, Wait
+from redrive.errors import ConfigError
+from redrive.headers import RetryHeaders
+from redrive.policy import Policy, format_duration
+from redrive.router import FailedRecord, RetryTarget, now_ms
+
+log = structlog.get_logger("redrive.consumer")
+
+MAX_TIERS = 30
+TIER_CLOCK_SLACK_MS = 60_000
+"""How much later than its tier's delay a tier record may be due and still be waited
+for: room for clocks of app instances that disagree. Anything later is forged or
+corrupt, and is handled at once rather than holding its partition for ever."""
+
+
+class Topics(RetryStrategy):
+    name = "topics"
+
+    def prepare(self, route: Route) -> None:
+        route.tiers = {delay: tier_topic(route.topic, delay) for delay in tier_delays(route.policy)}
+
+    def topics(self, route: Route) -> dict[str, Kind]:
+        return dict.fromkeys(route.tiers.values(), "tier")
+
+    def hold(
+        self, route: Route, topic: str, partition: int, offset: int, delivery: RetryHeaders
+    ) -> Wait | None:
+        now = now_ms()
+        if delivery.retry_at <= now:
+            return None
+        if delivery.retry_at - now <= route.tier_delay_ms(topic) + TIER_CLOCK_SLACK_MS:
+            return Wait(delivery.retry_at)
+        log.warning(
+            "tier record due later than its tier's delay allows; handled now",
+            topic=topic,
+            partition=partition,
+            offset=offset,
+            retry_at=delivery.retry_at,
+        )
+        return None
+
+    def retry_to(
+        self, route: Route, record: FailedRecord, requests_topic: str
+    ) -> RetryTarget | None:
+        # The tier is read by this App, not delivered by the service: the request
+        # names the route's topic and no partition; the record keeps its partition.
+        return RetryTarget(route.tier_for(record.attempt), route.topic, record.partition)
+
+
+def tier_topic(topic: str, delay_ms: int) -> str:
+    return f"{topic}.retry.{format_duration(delay_ms)}"
+
+
+def tier_delays(policy: Policy) -> list[int]:
+    """The distinct nominal delays a message can wait under this policy."""
+    limit = policy.attempt_limit
+    delays: list[int] = []
+    attempt = 1
+    for delay, count in policy.schedule.runs():
+        if limit is not None and attempt >= limit:
+            break
+        if delay not in delays:
+            delays.append(delay)
+        if count is None:
+            break
+        attempt += count
+    if len(delays) > MAX_TIERS:
+        raise ConfigError(
+            "policy",
+            f"{policy} needs {len(delays)} retry topics (one per distinct delay)",
+            f"use at most {MAX_TIERS} distinct delays with the topics strategy, e.g. a cap",
+        )
+    return delays

@@ -1,0 +1,40 @@
+"""Why a message became a dead letter: the one vocabulary of reason codes.
+
+A policy's decision (:class:`redrive.policy.DeadLetter`), the retry service's intake
+and scheduler, an operator's cancel and the Spark scheduler all name their reason
+with a member of :class:`DeadLetterReason`. The values are stored (the
+``reason_code`` column of ``redrive_dead_letters``), filtered on in the API and UI,
+and used as the ``reason`` label of the service's metrics: a value, once released,
+never changes (a new code is a new member).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class DeadLetterReason(StrEnum):
+    """Why a message became a dead letter; stable values, safe to store and filter on."""
+
+    # Decided by a policy (also by the service for a deadline that passed).
+    FATAL_ERROR = "fatal_error"
+    ATTEMPTS_EXHAUSTED = "attempts_exhausted"
+    DEADLINE_PASSED = "deadline_passed"
+
+    # A retry request refused: by the retry service's intake, the Spark scheduler or
+    # (for unreadable redrive headers) a consumer.
+    INVALID_REQUEST = "invalid_request"
+    DESTINATION_NOT_ALLOWED = "destination_not_allowed"
+    UNKNOWN_DESTINATION = "unknown_destination"
+    PARTITION_OUT_OF_RANGE = "partition_out_of_range"
+    EMPTY_VALUE = "empty_value"
+    RETRY_AT_TOO_FAR = "retry_at_too_far"
+
+    SENT_TO_DLQ = "sent_to_dlq"
+    """Its consumer gave up (``redrive-send-to: dlq``); its ``redrive-reason`` says why."""
+
+    DELIVERY_FAILED = "delivery_failed"
+    """The broker refused the retry's delivery for good (too large, topic gone...)."""
+
+    CANCELLED = "cancelled"
+    """An operator cancelled the pending retry."""

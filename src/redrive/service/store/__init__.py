@@ -1,0 +1,263 @@
+"""The retry service's PostgreSQL store: pending retries, dead letters, stats, audit.
+
+All SQL of the service is in this package, one module per idea; :class:`Store` is
+its one door. Callers get typed methods, never a connection:
+
+- :mod:`.intake_writes`: intake's batches of pending retries and dead letters;
+- :mod:`.claims`: the scheduler's claims of due rows and what became of them;
+- :mod:`.dead_letters`, :mod:`.pending`: what operators browse, delete and retry;
+- :mod:`.stats`: the per-minute counters and the dashboard's totals;
+- :mod:`.audit`: the log of operator actions;
+- :mod:`.rows`: values between Python and the columns.
+
+Every method runs in its own transaction on a pooled connection. When PostgreSQL is
+unreachable the methods raise StoreUnavailable; callers wait and try again, they
+never drop what they hold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+import psycopg_pool
+
+from redrive.records import DeadLetterRecord, PendingRetry
+from redrive.service.migrations import migrate
+from redrive.service.store import audit, claims, dead_letters, intake_writes, pending, stats
+from redrive.service.store.claims import Claim, ClaimedRetry, DeadRow, Settlement
+from redrive.service.store.intake_writes import NOTIFY_CHANNEL
+from redrive.service.store.rows import Condition, Row
+
+__all__ = [
+    "NOTIFY_CHANNEL",
+    "Claim",
+    "ClaimedRetry",
+    "Condition",
+    "DeadRow",
+    "Row",
+    "Settlement",
+    "Store",
+    "StoreUnavailable",
+]
+
+
+class StoreUnavailable(Exception):
+    """PostgreSQL could not be reached or failed mid-transaction; nothing was changed."""
+
+
+def _pool(url: str, name: str, max_size: int, timeout_s: float, **kwargs: Any) -> Any:
+    return psycopg_pool.ConnectionPool(
+        url,
+        min_size=1,
+        max_size=max_size,
+        open=False,
+        kwargs={"autocommit": True, "connect_timeout": 5, **kwargs},
+        check=psycopg_pool.ConnectionPool.check_connection,
+        # Keep trying for as long as the outage lasts: the service waits, never drops.
+        reconnect_timeout=7 * 24 * 3600,
+        timeout=timeout_s,
+        name=name,
+    )
+
+
+class Store:
+    """Pooled access to the service's tables.
+
+    Two pools: `pool` commits durably (intake's inserts, which Kafka offsets are
+    committed after, and operator actions); `relaxed` does not wait for the WAL to
+    reach disk (synchronous_commit=off) and serves the scheduler's claims, deletes
+    and releases. Losing one of those in a database crash only makes a row
+    deliverable again: a duplicate delivery, never a lost one. It saves an fsync per
+    scheduler step, which is most of a retry's lateness.
+
+    `claim_timeout_s` bounds how long a scheduler may hold claimed rows: PostgreSQL
+    ends a session idle in its claim transaction for longer (a hung instance), which
+    frees the rows for the others.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        max_connections: int = 6,
+        reconnect_max_s: float = 10.0,
+        claim_timeout_s: float = 30.0,
+    ):
+        self.pool = _pool(url, "redrive-store", max_connections, reconnect_max_s)
+        relaxed = (
+            "-c synchronous_commit=off "
+            f"-c idle_in_transaction_session_timeout={max(int(claim_timeout_s * 1000), 1)}"
+        )
+        self.relaxed = _pool(url, "redrive-store-relaxed", 2, reconnect_max_s, options=relaxed)
+
+    def open(self, *, wait_s: float = 30.0) -> None:
+        """Open the pools, waiting for the database; then bring the schema up to date."""
+        self.pool.open(wait=True, timeout=wait_s)
+        with self._conn() as conn:
+            migrate(conn)
+        self.relaxed.open(wait=True, timeout=wait_s)
+
+    def close(self) -> None:
+        self.relaxed.close()
+        self.pool.close()
+
+    @contextmanager
+    def _conn(self, *, relaxed: bool = False) -> Iterator[psycopg.Connection[Any]]:
+        try:
+            with (self.relaxed if relaxed else self.pool).connection() as conn:
+                yield conn
+        except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
+            raise StoreUnavailable(str(exc).strip() or type(exc).__name__) from exc
+
+    def ping(self) -> bool:
+        try:
+            with self._conn() as conn:
+                conn.execute("SELECT 1")
+            return True
+        except StoreUnavailable:
+            return False
+
+    # ------------------------------------------------------------------ intake
+
+    def insert_batch(
+        self, pending: Sequence[PendingRetry], dead: Sequence[DeadLetterRecord]
+    ) -> int:
+        """Insert a batch durably in one transaction; a redelivered request is skipped.
+
+        Returns how many pending rows were new. Schedulers listening on NOTIFY_CHANNEL
+        learn the batch's earliest due time when the transaction commits.
+        """
+        with self._conn() as conn:
+            return intake_writes.insert_batch(conn, pending, dead)
+
+    # ------------------------------------------------------------------ scheduler
+
+    @contextmanager
+    def claim_due(self, *, now_ms: int, limit: int) -> Iterator[Claim]:
+        """Lock up to `limit` due rows nobody holds, in due order, for the `with` block.
+
+        The rows stay locked (invisible to other schedulers' claims) until the block
+        ends; what :meth:`Claim.settle` recorded is committed then. An exception, or a
+        crash that drops the connection, rolls back: the rows are due again at once.
+        """
+        with self._conn(relaxed=True) as conn, conn.transaction():
+            yield Claim(conn, claims.claim_due(conn, now_ms=now_ms, limit=limit))
+
+    def settle(self, settlement: Settlement) -> None:
+        """:meth:`Claim.settle` without a claim, in a transaction of its own: for an
+        outcome whose claim could not commit (rows already gone are skipped)."""
+        with self._conn(relaxed=True) as conn, conn.transaction():
+            claims.settle(conn, settlement)
+
+    def to_dead_letters(self, failures: Sequence[DeadRow]) -> None:
+        """Move rows that can never be delivered (id, reason code, reason) to dead letters."""
+        if failures:
+            with self._conn() as conn, conn.transaction():
+                claims.to_dead_letters(conn, failures)
+
+    def next_wake_ms(self) -> int | None:
+        """The earliest due time of a row no scheduler holds, or None if there is none."""
+        with self._conn(relaxed=True) as conn:
+            return claims.next_due_ms(conn)
+
+    # ------------------------------------------------------------------ dead letters
+
+    def find_dead_letters(
+        self, condition: Condition, *, before_id: int | None = None, limit: int
+    ) -> list[Row]:
+        """Up to `limit` letters matching `condition`, newest first, older than
+        `before_id` when given."""
+        with self._conn() as conn:
+            return dead_letters.newest(conn, condition, before_id=before_id, limit=limit)
+
+    def dead_letters_by_id(self, ids: Sequence[int]) -> list[Row]:
+        """The letters of these ids that exist, by id."""
+        with self._conn() as conn:
+            return dead_letters.by_ids(conn, ids)
+
+    def dead_letter_ids(self, condition: Condition, *, limit: int) -> list[int]:
+        """Ids `condition` matches, oldest first (the order a replay sends them in)."""
+        with self._conn() as conn:
+            return dead_letters.ids(conn, condition, limit=limit)
+
+    def count_dead_letters(self, condition: Condition) -> int:
+        with self._conn() as conn:
+            return dead_letters.count(conn, condition)
+
+    def delete_dead_letters(self, ids: Sequence[int]) -> list[int]:
+        """Delete; returns the ids that existed."""
+        with self._conn() as conn:
+            return dead_letters.delete(conn, ids)
+
+    def dead_letters(self, *, limit: int = 100) -> list[Row]:
+        """The newest dead letters, every column (for checks and tools)."""
+        with self._conn() as conn:
+            return dead_letters.latest(conn, limit=limit)
+
+    # ------------------------------------------------------------------ pending retries
+
+    def find_pending(
+        self, condition: Condition, *, after: tuple[int, int] | None = None, limit: int
+    ) -> list[Row]:
+        """Up to `limit` retries matching `condition`, first due first, after the
+        (due_ms, id) sort key `after` when given."""
+        with self._conn() as conn:
+            return pending.first_due(conn, condition, after=after, limit=limit)
+
+    def pending_by_id(self, pending_id: int) -> Row | None:
+        with self._conn() as conn:
+            return pending.by_id(conn, pending_id)
+
+    def make_due(self, pending_id: int, now_ms: int) -> bool:
+        """Make a pending retry due now (the schedulers are woken); False if it is gone."""
+        with self._conn() as conn:
+            return pending.make_due(conn, pending_id, now_ms)
+
+    def pending_by_destination(self) -> dict[str, int]:
+        with self._conn() as conn:
+            return pending.by_destination(conn)
+
+    # ------------------------------------------------------------------ stats
+
+    def totals(self) -> dict[str, Any]:
+        """Dead letters and pending retries now: totals and the largest groups."""
+        with self._conn() as conn:
+            return stats.totals(conn)
+
+    def rates(self, minutes: int) -> dict[str, list[dict[str, Any]]]:
+        """Per-minute counts of the last `minutes` minutes by kind, oldest first."""
+        with self._conn() as conn:
+            return stats.rates(conn, minutes)
+
+    # ------------------------------------------------------------------ audit
+
+    def append_audit(
+        self,
+        *,
+        actor: str,
+        role: str,
+        action: str,
+        ids: Sequence[int],
+        filter_json: str | None,
+        count: int,
+        detail_json: str | None,
+    ) -> None:
+        with self._conn() as conn:
+            audit.append(
+                conn,
+                actor=actor,
+                role=role,
+                action=action,
+                ids=ids,
+                filter_json=filter_json,
+                count=count,
+                detail_json=detail_json,
+            )
+
+    def audit_entries(self, *, before_id: int | None = None, limit: int) -> list[Row]:
+        """Up to `limit` audit entries, newest first, older than `before_id` when given."""
+        with self._conn() as conn:
+            return audit.newest(conn, before_id=before_id, limit=limit)

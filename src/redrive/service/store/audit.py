@@ -1,0 +1,40 @@
+"""The audit log: who did what to which messages, newest first."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from redrive.service.store.rows import Row
+
+
+def append(
+    conn: psycopg.Connection[Any],
+    *,
+    actor: str,
+    role: str,
+    action: str,
+    ids: Sequence[int],
+    filter_json: str | None,
+    count: int,
+    detail_json: str | None,
+) -> None:
+    conn.execute(
+        "INSERT INTO redrive_audit (actor, role, action, ids, filter, count, detail)"
+        " VALUES (%s, %s, %s, %s, %s::jsonb, %s, %s::jsonb)",
+        (actor, role, action, list(ids), filter_json, count, detail_json),
+    )
+
+
+def newest(conn: psycopg.Connection[Any], *, before_id: int | None, limit: int) -> list[Row]:
+    """Up to `limit` entries, newest first, older than `before_id`."""
+    where, params = ("TRUE", []) if before_id is None else ("id < %s", [before_id])
+    with conn.cursor(row_factory=dict_row) as cur:
+        return cur.execute(
+            f"SELECT id, at, actor, role, action, ids, filter, count, detail "
+            f"FROM redrive_audit WHERE {where} ORDER BY id DESC LIMIT %s".encode(),
+            [*params, limit],
+        ).fetchall()

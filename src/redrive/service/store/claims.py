@@ -1,0 +1,146 @@
+"""The scheduler's side: claiming due rows, and settling what became of them.
+
+Schedulers claim due rows in due order with row locks (`FOR UPDATE SKIP LOCKED`) in
+a transaction held open while the rows are produced, so that several instances share
+the work and a crashed instance's rows come back the moment its connection drops.
+Row locks, not a lease column: locking writes no new row version and touches no
+index, where a lease UPDATE rewrote every row and all its index entries. What became
+of the rows (:class:`Settlement`) is recorded in that same transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+
+from redrive.header_json import headers_from_json
+from redrive.headers import Header
+from redrive.reasons import DeadLetterReason
+from redrive.service.store.stats import COUNT_MINUTE, per_topic
+
+_CLAIM_DUE = """
+SELECT id, due_ms, destination, dest_partition, msg_key, msg_value, headers, deadline_ms
+FROM redrive_pending
+WHERE due_ms <= %(now)s
+ORDER BY due_ms, id
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+"""
+
+# The first row free for the taking (rows another scheduler holds are skipped).
+_NEXT_DUE = """
+SELECT due_ms FROM redrive_pending ORDER BY due_ms, id LIMIT 1 FOR KEY SHARE SKIP LOCKED
+"""
+
+_RELEASE = """
+UPDATE redrive_pending SET due_ms = GREATEST(due_ms, %s) WHERE id = ANY(%s)
+"""
+
+# Move rows that can never be delivered to the dead letters, in one transaction.
+_PENDING_TO_DEAD = """
+WITH moved AS (DELETE FROM redrive_pending WHERE id = %(id)s RETURNING *)
+INSERT INTO redrive_dead_letters (
+    topic, msg_key, msg_value, headers, attempt, group_id, original_topic,
+    original_partition, original_offset, reason_code, reason, source,
+    request_topic, request_partition, request_offset)
+SELECT destination, msg_key, msg_value, headers, attempt, group_id, original_topic,
+       original_partition, original_offset, %(code)s, %(reason)s, 'scheduler',
+       request_topic, request_partition, request_offset
+FROM moved
+ON CONFLICT DO NOTHING
+"""
+
+# Forget delivered rows and count them, in one statement.
+_DELETE_DELIVERED = """
+WITH gone AS (DELETE FROM redrive_pending WHERE id = ANY(%s) RETURNING destination)
+INSERT INTO redrive_stats_minute (minute, kind, topic, count)
+SELECT date_trunc('minute', now()), 'published', destination, count(*) FROM gone
+GROUP BY destination
+ON CONFLICT (minute, kind, topic)
+DO UPDATE SET count = redrive_stats_minute.count + EXCLUDED.count
+"""
+
+
+@dataclass(slots=True)  # not frozen: built once per request, on the hot path
+class ClaimedRetry:
+    """A due row a scheduler holds (locked), ready to be produced."""
+
+    id: int
+    due_ms: int
+    destination: str
+    partition: int | None
+    key: bytes | None
+    value: bytes | None
+    headers: list[Header]
+    deadline_ms: int | None
+
+
+DeadRow = tuple[int, DeadLetterReason, str]
+"""A pending row that can never be delivered: (id, reason code, reason)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """What became of claimed rows: `delivered` ones are forgotten, `dead` ones (id,
+    reason code, reason) move to the dead letters, and `retry` ones (a delivery failed
+    for a passing reason) are due again at `retry_at_ms`."""
+
+    delivered: Sequence[int] = ()
+    dead: Sequence[DeadRow] = ()
+    retry: Sequence[int] = ()
+    retry_at_ms: int = 0
+
+
+def claim_due(conn: psycopg.Connection[Any], *, now_ms: int, limit: int) -> list[ClaimedRetry]:
+    """Lock up to `limit` due rows nobody holds, in due order, in the open transaction."""
+    rows = conn.execute(_CLAIM_DUE, {"now": now_ms, "limit": limit}, binary=True)
+    return [
+        ClaimedRetry(r[0], r[1], r[2], r[3], r[4], r[5], headers_from_json(r[6]), r[7])
+        for r in rows
+    ]
+
+
+def next_due_ms(conn: psycopg.Connection[Any]) -> int | None:
+    """The earliest due time of a row no scheduler holds, or None if there is none."""
+    row = conn.execute(_NEXT_DUE).fetchone()
+    return None if row is None else int(row[0])
+
+
+def to_dead_letters(conn: psycopg.Connection[Any], failures: Sequence[DeadRow]) -> None:
+    """Move pending rows to the dead letters, counted (rows already gone are skipped)."""
+    with conn.cursor() as cur:
+        topics = cur.execute(
+            "SELECT destination FROM redrive_pending WHERE id = ANY(%s)",
+            ([i for i, _, _ in failures],),
+        ).fetchall()
+        cur.executemany(
+            _PENDING_TO_DEAD,
+            [{"id": i, "code": code.value, "reason": reason} for i, code, reason in failures],
+        )
+        for topic, count in per_topic([t[0] for t in topics]):
+            cur.execute(COUNT_MINUTE, ("dead_lettered", topic, count))
+
+
+def settle(conn: psycopg.Connection[Any], settlement: Settlement) -> None:
+    """Record a settlement in the open transaction."""
+    if settlement.delivered:
+        conn.execute(_DELETE_DELIVERED, (list(settlement.delivered),))
+    if settlement.dead:
+        to_dead_letters(conn, settlement.dead)
+    if settlement.retry:
+        conn.execute(_RELEASE, (settlement.retry_at_ms, list(settlement.retry)))
+
+
+class Claim:
+    """Rows one scheduler holds: locked in its open transaction until the claim ends."""
+
+    def __init__(self, conn: psycopg.Connection[Any], rows: list[ClaimedRetry]) -> None:
+        self._conn = conn
+        self.rows = rows
+
+    def settle(self, settlement: Settlement) -> None:
+        """Record the outcome; it takes effect when the claim's transaction commits."""
+        settle(self._conn, settlement)

@@ -1,0 +1,80 @@
+"""Reading and deleting dead letters, for operators (the API, the UI, replays).
+
+Newest first when browsing, oldest first when listing ids to replay; a filter comes
+in as a :class:`Condition`. Rows come back decoded (:func:`rows.decoded`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Final
+
+import psycopg
+from psycopg.rows import dict_row
+
+from redrive.header_json import headers_from_json
+from redrive.service.store.rows import Condition, Row, decoded
+
+COLUMNS: Final = """
+id, topic, msg_key, msg_value, headers, attempt, group_id, original_topic,
+original_partition, original_offset, original_timestamp, error_type, error_message,
+error_trace, reason_code, reason, source, request_topic, request_partition,
+request_offset, dead_at
+"""
+
+
+def _select(conn: psycopg.Connection[Any], sql: str, params: Sequence[Any]) -> list[Row]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        return decoded(cur.execute(sql.encode(), params).fetchall())
+
+
+def newest(
+    conn: psycopg.Connection[Any], condition: Condition, *, before_id: int | None, limit: int
+) -> list[Row]:
+    """Up to `limit` letters matching `condition`, newest first, older than `before_id`."""
+    where, params = condition.where()
+    if before_id is not None:
+        where += " AND id < %s"
+        params.append(before_id)
+    sql = f"SELECT {COLUMNS} FROM redrive_dead_letters WHERE {where} ORDER BY id DESC LIMIT %s"
+    return _select(conn, sql, [*params, limit])
+
+
+def by_ids(conn: psycopg.Connection[Any], ids: Sequence[int]) -> list[Row]:
+    """The letters of these ids that exist, by id."""
+    sql = f"SELECT {COLUMNS} FROM redrive_dead_letters WHERE id = ANY(%s) ORDER BY id"
+    return _select(conn, sql, (list(ids),))
+
+
+def ids(conn: psycopg.Connection[Any], condition: Condition, *, limit: int) -> list[int]:
+    """Ids `condition` matches, oldest first (the order a replay sends them in)."""
+    where, params = condition.where()
+    sql = f"SELECT id FROM redrive_dead_letters WHERE {where} ORDER BY id LIMIT %s"
+    return [r[0] for r in conn.execute(sql.encode(), [*params, limit]).fetchall()]
+
+
+def count(conn: psycopg.Connection[Any], condition: Condition) -> int:
+    where, params = condition.where()
+    sql = f"SELECT count(*) FROM redrive_dead_letters WHERE {where}"
+    row = conn.execute(sql.encode(), params).fetchone()
+    return int(row[0]) if row else 0
+
+
+def delete(conn: psycopg.Connection[Any], ids: Sequence[int]) -> list[int]:
+    """Delete; returns the ids that existed, in order."""
+    rows = conn.execute(
+        "DELETE FROM redrive_dead_letters WHERE id = ANY(%s) RETURNING id", (list(ids),)
+    ).fetchall()
+    return sorted(r[0] for r in rows)
+
+
+def latest(conn: psycopg.Connection[Any], *, limit: int) -> list[Row]:
+    """The newest letters, every column (for checks and tools)."""
+    with conn.cursor(row_factory=dict_row) as cur:
+        rows = cur.execute(
+            "SELECT * FROM redrive_dead_letters ORDER BY dead_at DESC, id DESC LIMIT %s",
+            (limit,),
+        ).fetchall()
+    for row in rows:
+        row["headers"] = headers_from_json(row["headers"])
+    return rows

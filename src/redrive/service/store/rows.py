@@ -1,0 +1,39 @@
+"""Values between Python and the store's columns, both ways.
+
+In: text for a display column, which PostgreSQL cannot store with a NUL in it. Out:
+rows as dicts, their headers decoded from JSON and their key and value as bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, TypeAlias
+
+from redrive.header_json import headers_from_json
+
+Row: TypeAlias = dict[str, Any]
+"""One row as a dict of column name to value."""
+
+
+class Condition(Protocol):
+    """A filter that narrows a query: a SQL condition on the table's columns and its
+    parameters (as the API's dead-letter and pending filters give)."""
+
+    def where(self) -> tuple[str, list[Any]]: ...
+
+
+def clean_text(text: str | None) -> str | None:
+    """Text for a PostgreSQL text column, which cannot hold NUL: NUL becomes U+FFFD.
+
+    Only display columns go through this; the raw headers are kept losslessly.
+    """
+    return None if text is None else text.replace("\x00", "\ufffd")
+
+
+def decoded(rows: list[Row]) -> list[Row]:
+    """Rows as callers use them: headers as a header list, key and value as bytes."""
+    for row in rows:
+        row["headers"] = headers_from_json(row["headers"])
+        for name in ("msg_key", "msg_value"):
+            if row.get(name) is not None:
+                row[name] = bytes(row[name])
+    return rows

@@ -1,0 +1,206 @@
+"""The web UI's pages (GET): the overview, pending retries, dead letters, one dead
+letter, and sign-in. The forms they carry are handled in forms.py.
+
+Reads are open unless `require_token_for_reads`; then a visitor without a viewer or
+operator session is sent to sign in (or, on a link from another site, which
+SameSite=Strict sends without the cookie, to a page that reloads same-site).
+"""
+
+from typing import Annotated, Any
+from urllib.parse import quote
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from pydantic import ValidationError
+
+from redrive.headers import is_redrive_header
+from redrive.service.auth import Principal
+from redrive.service.filters import FilterError, PendingFilter
+from redrive.service.web import session
+from redrive.service.web.charts import breakdown, chart
+from redrive.service.web.deps import Ops, PagesDep, Settings, TokenBook
+from redrive.service.web.formatting import payload_view
+from redrive.service.web.params import (
+    FILTER_FIELDS,
+    dead_letter_filter,
+    describe_filter,
+    explain,
+    field,
+    here,
+    local_url,
+    query,
+)
+from redrive.service.web.representations import (
+    dead_letter_detail,
+    dead_letter_summary,
+    pending_view,
+)
+
+PAGE_SIZE = 50
+
+router = APIRouter(include_in_schema=False)
+
+
+class PageRefused(Exception):
+    """The visitor may not read: `response` is sent instead of the page."""
+
+    def __init__(self, response: Response) -> None:
+        super().__init__("refused")
+        self.response = response
+
+
+def page_refused(request: Request, exc: Exception) -> Response:
+    """The app's handler for PageRefused."""
+    assert isinstance(exc, PageRefused)
+    return exc.response
+
+
+def reader(request: Request, pages: PagesDep, tokens: TokenBook, settings: Settings) -> Principal:
+    """The visitor, if they may read; else PageRefused with where to go instead."""
+    who = session.signed_in(request, tokens)
+    if who.may("viewer") or not settings.require_token_for_reads:
+        return who
+    if (
+        not request.cookies.get(session.SESSION_COOKIE)
+        and request.headers.get("sec-fetch-site") == "cross-site"
+    ):
+        # A link from another site: SameSite=Strict withheld the cookie; reload
+        # same-site so that it is sent.
+        raise PageRefused(pages.render(request, "reload.html", who))
+    login = "/login" + query(next=here(request))
+    raise PageRefused(RedirectResponse(login, status_code=303, headers=session.SECURITY_HEADERS))
+
+
+Reader = Annotated[Principal, Depends(reader)]
+
+
+@router.get("/", response_class=HTMLResponse)
+def overview(request: Request, who: Reader, pages: PagesDep, ops: Ops) -> Response:
+    stats = pages.stats.get(fresh=True)
+    series = ops.rates(60)
+    dead, pending = stats["dead_letters"], stats["pending"]
+    return pages.render(
+        request,
+        "overview.html",
+        who,
+        nav="overview",
+        dead_total=dead["total"],
+        pending_total=pending["total"],
+        retries=chart(series, "scheduled", "published"),
+        deaths=chart(series, "dead_lettered"),
+        by_topic=breakdown(dead["by_topic"], "/dead-letters?topic="),
+        by_error=breakdown(dead["by_error_type"], "/dead-letters?error_type="),
+        by_reason=breakdown(dead["by_reason"], "/dead-letters?reason="),
+        by_group=breakdown(dead["by_group"], "/dead-letters?group="),
+        by_destination=breakdown(pending["by_destination"], "/pending?destination="),
+    )
+
+
+@router.get("/pending", response_class=HTMLResponse)
+def pending(request: Request, who: Reader, pages: PagesDep, ops: Ops) -> Response:
+    q = request.query_params
+    destination, group, cursor = (field(q, n) for n in ("destination", "group", "cursor"))
+    error, rows, next_cursor = None, [], None
+    try:
+        flt = PendingFilter(destination=destination or None, group=group or None)
+        found, next_cursor = ops.pending(flt, limit=PAGE_SIZE, cursor=cursor or None)
+        rows = [pending_view(r, full=False) for r in found]
+    except (ValidationError, FilterError) as exc:
+        error = explain(exc)
+    return pages.render(
+        request,
+        "pending.html",
+        who,
+        nav="pending",
+        rows=rows,
+        error=error,
+        destination=destination,
+        group=group,
+        filtered=bool(destination or group),
+        total=pages.stats.get()["pending"]["total"],
+        first_page=bool(cursor),
+        next_url="/pending" + query(destination=destination, group=group, cursor=next_cursor)
+        if next_cursor
+        else None,
+        first_url="/pending" + query(destination=destination, group=group),
+        suggest=pages.suggestions(),
+    )
+
+
+@router.get("/dead-letters", response_class=HTMLResponse)
+def dead_letters(request: Request, who: Reader, pages: PagesDep, ops: Ops) -> Response:
+    q = request.query_params
+    cursor = field(q, "cursor")
+    raw = {name: field(q, name) for name in FILTER_FIELDS}
+    error, rows, next_cursor, matching = None, [], None, 0
+    try:
+        flt, raw = dead_letter_filter(q)
+        found, next_cursor = ops.dead_letters(flt, limit=PAGE_SIZE, cursor=cursor or None)
+        rows = [dead_letter_summary(r) for r in found]
+        matching = ops.count_dead_letters(flt)
+    except (ValueError, FilterError) as exc:
+        error = str(exc)
+    filter_query = {k: v for k, v in raw.items() if v}
+    this_page = here(request)
+    return pages.render(
+        request,
+        "dead_letters.html",
+        who,
+        nav="dead-letters",
+        rows=rows,
+        raw=raw,
+        error=error,
+        matching=matching,
+        filtered=bool(filter_query),
+        described=describe_filter(raw),
+        back=this_page,
+        back_q=quote(this_page, safe=""),
+        first_page=bool(cursor),
+        next_url="/dead-letters" + query(**filter_query, cursor=next_cursor)
+        if next_cursor
+        else None,
+        first_url="/dead-letters" + query(**filter_query),
+        export_url="/api/v1/dead-letters/export" + query(**filter_query),
+        suggest=pages.suggestions(),
+    )
+
+
+@router.get("/dead-letters/{letter_id:int}", response_class=HTMLResponse)
+def dead_letter(
+    request: Request, letter_id: int, who: Reader, pages: PagesDep, ops: Ops
+) -> Response:
+    back = local_url(request.query_params.get("back"), "/dead-letters", "/dead-letters")
+    row = ops.dead_letter(letter_id)
+    if row is None:
+        return pages.error(
+            request,
+            who,
+            404,
+            "Not found",
+            f"Dead letter {letter_id} does not exist: it was replayed or deleted.",
+            back=back,
+        )
+    detail = dead_letter_detail(row)
+    headers: list[dict[str, Any]] = [
+        {**h, "redrive": is_redrive_header(h["name"])} for h in detail["headers"]
+    ]
+    return pages.render(
+        request,
+        "dead_letter.html",
+        who,
+        nav="dead-letters",
+        d=detail,
+        key=payload_view(detail["key"]),
+        value=payload_view(detail["value"]),
+        headers=headers,
+        user_headers=sum(1 for h in headers if not h["redrive"]),
+        back=back,
+        suggest=pages.suggestions(),
+    )
+
+
+@router.get("/login", response_class=HTMLResponse)
+def login_page(request: Request, pages: PagesDep, tokens: TokenBook) -> Response:
+    who = session.signed_in(request, tokens)
+    nxt = local_url(request.query_params.get("next"), "/")
+    return pages.render(request, "login.html", who, nav="login", next=nxt, error=None)

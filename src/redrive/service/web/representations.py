@@ -1,0 +1,147 @@
+"""How dead letters and pending retries are shown: the REST API's JSON, which the
+web pages show too.
+
+A payload is given every way an operator may want to read it: text (when it is
+UTF-8), parsed JSON (when it is JSON, not too deeply nested), hex and base64.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+from datetime import datetime
+from typing import Any
+
+Row = dict[str, Any]
+
+HEX_PREVIEW_BYTES = 64 * 1024
+# A payload's JSON is shown parsed only up to this nesting: responses are serialized
+# by pydantic, which refuses values nested deeper than about 250 levels; the text,
+# hex and base64 forms still carry the payload.
+MAX_JSON_NESTING = 100
+
+
+def _utf8(raw: bytes) -> str | None:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def render_bytes(raw: bytes | None) -> dict[str, Any] | None:
+    """A payload as an operator wants to see it: text, JSON, hex, base64."""
+    if raw is None:
+        return None
+    text = _utf8(raw)
+    out: dict[str, Any] = {
+        "size": len(raw),
+        "base64": base64.b64encode(raw).decode(),
+        "text": text,
+        "json": None,
+    }
+    if text is not None:
+        # RecursionError: nesting deeper than the parser's stack (a producer can send it).
+        with contextlib.suppress(ValueError, RecursionError):
+            parsed = json.loads(text)
+            if _nesting(parsed) <= MAX_JSON_NESTING:
+                out["json"] = parsed
+    out["hex"] = raw[:HEX_PREVIEW_BYTES].hex()
+    out["hex_truncated"] = len(raw) > HEX_PREVIEW_BYTES
+    return out
+
+
+def _nesting(value: Any) -> int:
+    """How deeply arrays and objects nest in a parsed JSON value (without recursion)."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            depth += 1
+            deepest = max(deepest, depth)
+            stack += [
+                (child, depth) for child in (item.values() if isinstance(item, dict) else item)
+            ]
+    return deepest
+
+
+def render_headers(headers: list[tuple[str, bytes | None]]) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": name,
+            "text": None if value is None else _utf8(value),
+            "base64": None if value is None else base64.b64encode(value).decode(),
+        }
+        for name, value in headers
+    ]
+
+
+def _time(value: Any) -> str | None:
+    return value.isoformat() if isinstance(value, datetime) else None
+
+
+def dead_letter_summary(row: Row) -> dict[str, Any]:
+    key = row["msg_key"]
+    return {
+        "id": row["id"],
+        "topic": row["topic"],
+        "group": row["group_id"],
+        "error_type": row["error_type"],
+        "error_message": row["error_message"],
+        "reason_code": row["reason_code"],
+        "reason": row["reason"],
+        "attempt": row["attempt"],
+        "key": _utf8(key) if key is not None else None,
+        "dead_at": _time(row["dead_at"]),
+    }
+
+
+def dead_letter_detail(row: Row) -> dict[str, Any]:
+    return {
+        **dead_letter_summary(row),
+        "key": render_bytes(row["msg_key"]),
+        "value": render_bytes(row["msg_value"]),
+        "headers": render_headers(row["headers"]),
+        "error_trace": row["error_trace"],
+        "source": row["source"],
+        "original": {
+            "topic": row["original_topic"],
+            "partition": row["original_partition"],
+            "offset": row["original_offset"],
+            "timestamp": row["original_timestamp"],
+        },
+        "request": {
+            "topic": row["request_topic"],
+            "partition": row["request_partition"],
+            "offset": row["request_offset"],
+        },
+    }
+
+
+def pending_view(row: Row, *, full: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": row["id"],
+        "due_ms": row["due_ms"],
+        "destination": row["destination"],
+        "partition": row["dest_partition"],
+        "attempt": row["attempt"],
+        "group": row["group_id"],
+        "deadline_ms": row["deadline_ms"],
+        "received_at": _time(row["received_at"]),
+    }
+    if full:
+        out |= {
+            "key": render_bytes(row["msg_key"]),
+            "value": render_bytes(row["msg_value"]),
+            "headers": render_headers(row["headers"]),
+            "original": {
+                "topic": row["original_topic"],
+                "partition": row["original_partition"],
+                "offset": row["original_offset"],
+            },
+        }
+    return out
+
+
+def audit_entry(row: Row) -> dict[str, Any]:
+    return {**row, "at": _time(row["at"]), "ids": list(row["ids"])}

@@ -1,0 +1,90 @@
+"""A retry request waiting in the Spark scheduler's state, and how it is kept there.
+
+The scheduler keeps each valid request in its group's ListState as one
+:class:`PendingMessage` serialised to JSON bytes (binary parts in base64, headers as
+the retry service stores them), so that everything needed to deliver it survives a
+restart in the checkpoint.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+
+from redrive.header_json import headers_as_json, headers_from_json
+from redrive.headers import Header
+from redrive.records import PendingRetry
+from redrive.spark.pipeline import OutputRecord
+
+
+@dataclass(frozen=True, slots=True)
+class PendingMessage:
+    """A valid retry request waiting in state: what to deliver, where and when."""
+
+    due_ms: int
+    destination: str
+    partition: int | None
+    key: bytes | None
+    value: bytes | None
+    headers: list[Header]
+    deadline_ms: int | None
+    request: tuple[str, int, int]
+    """Where the request was read from (topic, partition, offset)."""
+
+    @classmethod
+    def of(cls, retry: PendingRetry) -> PendingMessage:
+        r = retry.request
+        return cls(
+            retry.due_ms,
+            retry.destination,
+            retry.partition,
+            retry.key,
+            retry.value,
+            retry.headers,
+            retry.deadline_ms,
+            (r.topic, r.partition, r.offset),
+        )
+
+    def to_bytes(self) -> bytes:
+        """JSON, binary parts in base64; headers as the service stores them."""
+
+        def b64(data: bytes | None) -> str | None:
+            return None if data is None else base64.b64encode(data).decode()
+
+        return json.dumps(
+            {
+                "due": self.due_ms,
+                "destination": self.destination,
+                "partition": self.partition,
+                "key": b64(self.key),
+                "value": b64(self.value),
+                "headers": headers_as_json(self.headers),
+                "deadline": self.deadline_ms,
+                "request": list(self.request),
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> PendingMessage:
+        item = json.loads(data)
+
+        def unb64(text: str | None) -> bytes | None:
+            return None if text is None else base64.b64decode(text)
+
+        topic, partition, offset = item["request"]
+        return cls(
+            int(item["due"]),
+            item["destination"],
+            item["partition"],
+            unb64(item["key"]),
+            unb64(item["value"]),
+            headers_from_json(item["headers"]),
+            item["deadline"],
+            (topic, int(partition), int(offset)),
+        )
+
+    def delivery(self) -> OutputRecord:
+        """The message as it goes to its destination: key, partition, headers unchanged."""
+        return OutputRecord(self.destination, self.key, self.value, self.headers, self.partition)

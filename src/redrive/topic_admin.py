@@ -1,0 +1,68 @@
+"""Topics through the broker's admin API: partition counts, and creating topics.
+
+The retry service's intake and the Spark scheduler check each request's destination
+against :class:`TopicMetadata` (does it exist, how many partitions); both create
+their own topics with :func:`ensure_topic`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient
+
+# Where the stubs see them (confluent_kafka.admin re-exports them untyped).
+from confluent_kafka.cimpl import NewTopic
+
+
+class MetadataUnavailable(Exception):
+    """The broker could not say whether a topic exists; try again later."""
+
+
+class TopicMetadata:
+    """Partition counts of topics, cached: a full refresh at most every `ttl_s`, and at
+    most every `miss_refresh_s` when asked about a topic the cache does not know (so a
+    batch of requests for a missing topic costs one metadata request, not one each)."""
+
+    def __init__(self, admin: AdminClient, ttl_s: float = 30.0, miss_refresh_s: float = 1.0):
+        self._admin = admin
+        self._ttl_s = ttl_s
+        self._miss_refresh_s = miss_refresh_s
+        self._partitions: dict[str, int] = {}
+        self._refreshed_at = float("-inf")
+        self._lock = threading.Lock()
+
+    def _refresh(self) -> None:
+        try:
+            metadata = self._admin.list_topics(timeout=10)
+        except KafkaException as exc:
+            raise MetadataUnavailable(str(exc)) from exc
+        self._partitions = {
+            name: len(topic.partitions)
+            for name, topic in metadata.topics.items()
+            if topic.error is None
+        }
+        self._refreshed_at = time.monotonic()
+
+    def partitions_of(self, topic: str) -> int | None:
+        """Partitions of `topic`, or None if it does not exist. Raises MetadataUnavailable."""
+        with self._lock:
+            age = time.monotonic() - self._refreshed_at
+            if age > self._ttl_s or (topic not in self._partitions and age > self._miss_refresh_s):
+                self._refresh()
+            return self._partitions.get(topic)
+
+
+def ensure_topic(admin: AdminClient, name: str, partitions: int, config: dict[str, Any]) -> bool:
+    """Create a topic if it does not exist. True if this call created it."""
+    futures = admin.create_topics([NewTopic(name, num_partitions=partitions, config=config)])
+    try:
+        futures[name].result(timeout=30)
+        return True
+    except KafkaException as exc:
+        if exc.args and exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
+            return False
+        raise
