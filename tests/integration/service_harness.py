@@ -330,3 +330,12 @@ def pending_count(database_url: str) -> int:
     with psycopg.connect(database_url) as conn:
         row = conn.execute("SELECT count(*) FROM redrive_pending").fetchone()
         return int(row[0]) if row else 0
+
+
+def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Wait for an outcome with a deadline; fail naming what did not happen."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)

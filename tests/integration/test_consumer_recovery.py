@@ -18,20 +18,12 @@ from pathlib import Path
 import pytest
 
 from tests.chaos.harness import AppProcess
-from tests.integration.service_harness import produce
+from tests.integration.service_harness import produce, wait_until
 
 pytestmark = pytest.mark.integration
 
 SESSION_TIMEOUT_MS = "45000"  # librdkafka's default, what a user gets
 RESTART_BOUND_S = 10.0  # well under the session timeout
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def test_a_killed_app_restarted_with_its_instance_id_resumes_at_once(
@@ -53,12 +45,12 @@ def test_a_killed_app_restarted_with_its_instance_id_resumes_at_once(
     app.start()
     try:
         produce(bootstrap, topic, [{"key": v, "value": v} for v in first])
-        wait_for(lambda: set(first) <= app.handled().keys(), 60, "the first records")
+        wait_until(lambda: set(first) <= app.handled().keys(), 60, "the first records")
         app.kill()
         app.start()
         restarted = time.monotonic()
         produce(bootstrap, topic, [{"key": v, "value": v} for v in second])
-        wait_for(lambda: set(second) <= app.handled().keys(), 40, "the records after the restart")
+        wait_until(lambda: set(second) <= app.handled().keys(), 40, "the records after the restart")
         resumed_s = time.monotonic() - restarted
     finally:
         app.terminate()
@@ -86,12 +78,12 @@ def test_two_apps_on_one_instance_id_stop_the_older_naming_the_setting(
     older.start()
     try:
         produce(bootstrap, topic, [{"key": b"k", "value": b"one"}])
-        wait_for(lambda: b"one" in older.handled(), 60, "the first App to handle a record")
+        wait_until(lambda: b"one" in older.handled(), 60, "the first App to handle a record")
         newer.start()
         assert older.proc is not None
-        wait_for(lambda: older.proc.poll() is not None, 60, "the older App to stop")
+        wait_until(lambda: older.proc.poll() is not None, 60, "the older App to stop")
         produce(bootstrap, topic, [{"key": b"k", "value": b"two"}])
-        wait_for(lambda: b"two" in newer.handled(), 60, "the newer App to go on")
+        wait_until(lambda: b"two" in newer.handled(), 60, "the newer App to go on")
     finally:
         newer.terminate()
         older.terminate()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import itertools
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -35,19 +34,12 @@ from tests.integration.service_harness import (
     request_headers,
     running_service,
     settings_for,
+    wait_until,
 )
 
 pytestmark = pytest.mark.integration
 
 MARK = "hostile-id"  # a user header naming each generated record, to account for it
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def test_a_poison_pill_request_is_a_dead_letter_and_intake_goes_on(
@@ -100,7 +92,7 @@ def test_a_poison_pill_request_is_a_dead_letter_and_intake_goes_on(
         collector = Collector(bootstrap, dest)
         delivered = collector.poll_until(2, 30)
         collector.close()
-        wait_for(lambda: len(dead_letters(db)) == 1, 30, "the poison pill's dead letter")
+        wait_until(lambda: len(dead_letters(db)) == 1, 30, "the poison pill's dead letter")
         # A crashed role stops the service: "running" in its readiness says it did not.
         assert all(service.readiness().values()), service.readiness()
 
@@ -288,7 +280,7 @@ def each_ends_delivered_or_dead(intake: Intake, records: list[Hostile]) -> None:
         intake.collector.poll_until(len(intake.collector.received) + 1, 0.2)
         return set(marks) <= accounted()
 
-    wait_for(all_accounted, 60, f"records {marks} to be delivered or dead-lettered")
+    wait_until(all_accounted, 60, f"records {marks} to be delivered or dead-lettered")
     assert all(intake.service.readiness().values()), intake.service.readiness()
     assert pending_count(intake.database_url) == 0
 
@@ -332,7 +324,7 @@ def test_ten_thousand_headers_and_extreme_values_do_not_stop_intake(intake: Inta
         intake.requests,
         [{"key": b"good", "value": b"after", "headers": request_headers(intake.dest, now_ms())}],
     )
-    wait_for(
+    wait_until(
         lambda: any(d.value == b"after" for d in intake.collector.poll_until(10**9, 0.2)),
         30,
         "the good request after the hostile ones",
@@ -374,7 +366,7 @@ def test_a_dead_letter_the_dlq_topic_refuses_is_kept_and_intake_goes_on(
         try:
             assert [d.key for d in mirrored.poll_until(1, 30)] == [b"small"]
             assert [d.value for d in delivered.poll_until(1, 30)] == [b"due"]
-            wait_for(lambda: len(dead_letters(db)) == 2, 30, "both dead letters stored")
+            wait_until(lambda: len(dead_letters(db)) == 2, 30, "both dead letters stored")
             assert all(service.readiness().values()), service.readiness()
             refused = service.metrics.delivery_errors.labels("mirror_refused")._value.get()
         finally:
