@@ -25,10 +25,6 @@ from confluent_kafka.cimpl import NewTopic
 from redrive.local import LocalStack, StackStatus
 
 
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
 @dataclass
 class Result:
     name: str

@@ -23,8 +23,9 @@ from typing import Any
 import psycopg
 from confluent_kafka import Consumer, Producer
 
-from bench.common import CpuMeter, ServiceProcess, create_topic, fresh_database, now_ms
+from bench.common import CpuMeter, ServiceProcess, create_topic, fresh_database
 from bench.kafka_raw import CONSUMER_TUNING, PRODUCER_TUNING
+from redrive.clock import now_ms
 from redrive.headers import RetryHeaders, encode
 from redrive.kafka import consume_available
 from redrive.service.store import Store

@@ -37,9 +37,10 @@ from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
-from bench.common import Result, create_topic, now_ms
+from bench.common import Result, create_topic
 from bench.consumer import PAYLOAD
 from bench.kafka_raw import produce
+from redrive.clock import now_ms
 from redrive.headers import RetryHeaders, encode
 
 # The scheduler's own defaults (build_scheduler_query), passed to both queries

@@ -11,10 +11,10 @@ reading them can fail: see :func:`read_headers`.
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Final, cast
 
-from confluent_kafka import Consumer, KafkaError, Message
+from confluent_kafka import Consumer, KafkaError, Message, Producer
 
 from redrive.headers import Header
 
@@ -100,6 +100,41 @@ def headers_of(msg: Message) -> list[Header]:
 def kafka_headers(headers: Sequence[Header]) -> KafkaHeaders:
     """Headers in the form Producer.produce accepts."""
     return cast(KafkaHeaders, list(headers))
+
+
+def produce_patiently(
+    producer: Producer,
+    topic: str,
+    *,
+    key: bytes | None,
+    value: bytes | None,
+    headers: Sequence[Header],
+    on_delivery: Callable[[KafkaError | None, Message], None],
+    partition: int | None = None,
+    drain_s: float = 0.05,
+) -> None:
+    """Queue one record, waiting (serving delivery callbacks) while the queue is full.
+
+    librdkafka refuses a record with BufferError when its local queue is full; the
+    cure is to let deliveries drain and try again, never to drop the record or to
+    sleep without polling (the callbacks that free the queue run inside poll).
+    A KafkaException (refused before sending: too large, unknown partition...) is
+    the caller's to handle: it says something about the record, not about the queue.
+    """
+    kwargs: dict[str, Any] = {
+        "key": key,
+        "value": value,
+        "headers": kafka_headers(headers),
+        "on_delivery": on_delivery,
+    }
+    if partition is not None:
+        kwargs["partition"] = partition
+    while True:
+        try:
+            producer.produce(topic, **kwargs)
+            return
+        except BufferError:
+            producer.poll(drain_s)
 
 
 def consume_available(

@@ -18,38 +18,49 @@ A policy is made of
   along the exception's cause chain. Fatal errors skip retries.
 
 Precedence, first match wins: fatal error, then attempts exhausted, then deadline.
+
+The parts live in their own modules and are imported from here: durations and
+:class:`PolicyError` in :mod:`redrive.durations`, schedules in :mod:`redrive.schedules`,
+the decisions (:class:`Retry`, :class:`DeadLetter`) and :func:`cause_chain` in
+:mod:`redrive.decisions`. :class:`FatalError` and :class:`RetryableError` stay here: their
+qualified names (``redrive.policy.FatalError``) travel in ``redrive-error-type``.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import random
-import re
-import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from decimal import Decimal
 from typing import Any, Final, Literal, TypeAlias, TypedDict, Unpack
 
+# The parts of a policy, each in its own module; users import them from here.
+from redrive import clock
+from redrive.decisions import DeadLetter as DeadLetter
+from redrive.decisions import Decision as Decision
+from redrive.decisions import Retry as Retry
+from redrive.decisions import Verdict as Verdict
+from redrive.decisions import cause_chain as cause_chain
+from redrive.durations import MAX_DELAY_MS as MAX_DELAY_MS
+from redrive.durations import UNITS as UNITS
+from redrive.durations import PolicyError as PolicyError
+from redrive.durations import format_duration as format_duration
+from redrive.durations import parse_duration as parse_duration
+from redrive.durations import to_ms as to_ms
 from redrive.headers import qualified_name
 
 # Re-exported: a policy's DeadLetter carries one (redrive.policy.DeadLetterReason).
 from redrive.reasons import DeadLetterReason as DeadLetterReason
+from redrive.schedules import DelaySchedule as DelaySchedule
+from redrive.schedules import ExponentialBackoff as ExponentialBackoff
+from redrive.schedules import Run as Run
+from redrive.schedules import Schedule as Schedule
+from redrive.schedules import ScheduleSpec as ScheduleSpec
+from redrive.schedules import Step as Step
+from redrive.schedules import format_number
+from redrive.schedules import parse_schedule as parse_schedule
 
 # --------------------------------------------------------------------------- errors
-
-
-class PolicyError(ValueError):
-    """A policy or schedule spec is invalid: says what is wrong and what is expected.
-
-    ``position`` is the 0-based offset of the offending token in a string spec.
-    """
-
-    def __init__(self, message: str, *, position: int | None = None) -> None:
-        super().__init__(message)
-        self.position = position
 
 
 class FatalError(Exception):
@@ -60,497 +71,6 @@ class RetryableError(Exception):
     """Raise (or subclass) to retry even when the cause would be fatal or unlisted."""
 
 
-# ------------------------------------------------------------------------ durations
-
-UNITS: Final[dict[str, int]] = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-"""Duration units and their length in milliseconds."""
-MAX_DELAY_MS: Final = 3650 * UNITS["d"]
-"""No duration may exceed ten years; also the ceiling of an uncapped exponential."""
-
-_EXPECTED_DURATION: Final = "expected a duration like 5m, 1.5s or 1h30m (units ms, s, m, h, d)"
-_DURATION_PART: Final = re.compile(
-    r"\s*(?P<num>[0-9]+(?:\.[0-9]+)?|\.[0-9]+)\s*(?P<unit>[A-Za-z]*)"
-)
-
-
-def _fail(context: str, problem: str, position: int | None, expected: str) -> PolicyError:
-    where = f" at position {position}" if position is not None else ""
-    return PolicyError(f"{context}: {problem}{where}; {expected}", position=position)
-
-
-def _parse_duration(text: str, context: str, offset: int = 0) -> int:
-    """Milliseconds in ``text`` (``"1h30m"``); errors point at ``offset + index``."""
-    if not text.strip():
-        raise _fail(context, "missing duration", offset, _EXPECTED_DURATION)
-    total, pos = Decimal(0), 0
-    while text[pos:].strip():
-        match = _DURATION_PART.match(text, pos)
-        start = offset + len(text[pos:]) - len(text[pos:].lstrip()) + pos
-        if match is None:
-            token = text[pos:].split()[0]
-            raise _fail(context, f"unexpected {token!r}", start, _EXPECTED_DURATION)
-        number, unit = match["num"], match["unit"]
-        if not unit:
-            raise _fail(context, f"missing unit after {number!r}", start, _EXPECTED_DURATION)
-        if unit not in UNITS:
-            problem = f"unknown unit {unit!r} in {number + unit!r}"
-            raise _fail(context, problem, start, _EXPECTED_DURATION)
-        total += Decimal(number) * UNITS[unit]
-        pos = match.end()
-    return _checked_ms(total, context, offset, text.strip())
-
-
-def _checked_ms(ms: Decimal, context: str, position: int | None, shown: str) -> int:
-    if ms < 0:
-        raise _fail(context, f"{shown} is negative", position, _EXPECTED_DURATION)
-    if ms != ms.to_integral_value():
-        raise _fail(context, f"{shown} is finer than a millisecond", position, _EXPECTED_DURATION)
-    if ms > MAX_DELAY_MS:
-        limit = format_duration(MAX_DELAY_MS)
-        raise _fail(context, f"{shown} is longer than {limit}", position, _EXPECTED_DURATION)
-    return int(ms)
-
-
-def parse_duration(text: str) -> int:
-    """Milliseconds in a duration string: ``"5m"`` -> 300000, ``"1.5s"``, ``"1h30m"``.
-
-    Units ms, s, m, h, d (lower case); decimals and spaces allowed; whole milliseconds.
-    """
-    return _parse_duration(text, f"duration {text!r}")
-
-
-def format_duration(ms: int) -> str:
-    """Shortest exact text for a duration, as :func:`parse_duration` reads it.
-
-    ``300000`` -> ``"5m"``, ``5400000`` -> ``"1h30m"``, ``250`` -> ``"250ms"``, 0 -> ``"0s"``.
-    """
-    if ms < 0:
-        raise ValueError(f"negative duration: {ms} ms")
-    if ms == 0:
-        return "0s"
-    parts = []
-    for unit in ("d", "h", "m", "s", "ms"):
-        count, ms = divmod(ms, UNITS[unit])
-        if count:
-            parts.append(f"{count}{unit}")
-    return "".join(parts)
-
-
-def _seconds_to_ms(value: object, context: str, position: int | None = None) -> int:
-    """A number of seconds (int or float, not bool) as whole milliseconds."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _fail(context, f"{value!r} is not a number", position, "expected seconds >= 0")
-    if not math.isfinite(value) or value < 0:
-        raise _fail(context, f"{value!r} is not >= 0", position, "expected seconds >= 0")
-    return _checked_ms(Decimal(repr(value)) * 1000, context, position, repr(value))
-
-
-def to_ms(value: str | float | timedelta, what: str = "duration") -> int:
-    """A duration given as text (``"1h"``), seconds (``3600``) or a timedelta, in ms."""
-    if isinstance(value, timedelta):
-        return _checked_ms(Decimal(value // timedelta(milliseconds=1)), what, None, str(value))
-    if isinstance(value, str):
-        return _parse_duration(value, f"{what} {value!r}")
-    return _seconds_to_ms(value, what)
-
-
-def _format_number(value: float) -> str:
-    """Exact, short text for a float (``2.0`` -> ``"2"``) so specs round-trip."""
-    return str(int(value)) if float(value).is_integer() else repr(float(value))
-
-
-# ------------------------------------------------------------------------ schedules
-
-Run: TypeAlias = tuple[int, int | None]
-"""(delay in ms, how many retries in a row use it; None: forever)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    """``count`` retries in a row, each after ``delay_ms``; ``count=None`` is forever."""
-
-    delay_ms: int
-    count: int | None = 1
-
-
-@dataclass(frozen=True, slots=True)
-class DelaySchedule:
-    """An explicit list of delays, like ``"5m x2, 30m x3, 1h"`` (5m, 5m, 30m, 30m, 30m, 1h).
-
-    Retry number n (after failed attempt n) waits the n-th delay; when the list is spent
-    the message is dead-lettered. A last step repeated forever (``"1m x*"``) needs a
-    ``max_attempts`` or ``max_duration`` on the policy. Adjacent equal steps are merged,
-    so equal schedules compare equal whatever way they were written.
-    """
-
-    steps: tuple[Step, ...]
-
-    def __post_init__(self) -> None:
-        if not self.steps:
-            raise PolicyError(
-                "empty schedule: give at least one delay (for no retries use max_attempts=1)"
-            )
-        merged: list[Step] = []
-        for index, step in enumerate(self.steps):
-            if type(step.delay_ms) is not int or not 0 <= step.delay_ms <= MAX_DELAY_MS:
-                raise PolicyError(f"step {index + 1}: delay {step.delay_ms} ms out of range")
-            if step.count is None and index != len(self.steps) - 1:
-                raise PolicyError(f"step {index + 1}: only the last step may repeat forever")
-            if step.count is not None and step.count < 1:
-                raise PolicyError(f"step {index + 1}: repeat count must be >= 1")
-            previous = merged[-1] if merged else None
-            if previous is not None and previous.count and previous.delay_ms == step.delay_ms:
-                total = None if step.count is None else previous.count + step.count
-                merged[-1] = Step(step.delay_ms, total)
-            else:
-                merged.append(step)
-        object.__setattr__(self, "steps", tuple(merged))
-
-    @classmethod
-    def of(cls, *delays_ms: int) -> DelaySchedule:
-        """A schedule of the given delays, in milliseconds."""
-        return cls(tuple(Step(d) for d in delays_ms))
-
-    @property
-    def retries(self) -> int | None:
-        """How many retries the schedule offers (None: unbounded)."""
-        if self.steps[-1].count is None:
-            return None
-        return sum(step.count or 0 for step in self.steps)
-
-    def runs(self) -> Iterator[Run]:
-        for step in self.steps:
-            yield step.delay_ms, step.count
-
-    def delay_ms(self, attempt: int, rng: random.Random | None = None) -> int | None:
-        """Delay after failed attempt ``attempt`` (1-based), None when spent."""
-        remaining = attempt
-        for step in self.steps:
-            if step.count is None or remaining <= step.count:
-                return step.delay_ms
-            remaining -= step.count
-        return None
-
-    def __str__(self) -> str:
-        def item(step: Step) -> str:
-            text = format_duration(step.delay_ms)
-            if step.count is None:
-                return f"{text} x*"
-            return text if step.count == 1 else f"{text} x{step.count}"
-
-        return ", ".join(item(step) for step in self.steps)
-
-
-@dataclass(frozen=True, slots=True)
-class ExponentialBackoff:
-    """Delays ``initial_ms * multiplier ** (n - 1)`` for retry n, capped at ``max_delay_ms``.
-
-    ``jitter`` j in 0..1 draws each delay uniformly from ``[(1 - j) * d, d]`` where d is
-    the capped delay: jitter only ever shortens a delay, so the cap and the deadline
-    still hold (j = 1 is "full jitter", j = 0.5 "equal jitter"). ``retries`` limits the
-    number of retries (None: unbounded, then the policy needs another limit).
-    String form: ``exponential <initial> [x<multiplier>] [max <cap>] [jitter <j>]
-    [retries <n>]``.
-    """
-
-    initial_ms: int
-    multiplier: float = 2.0
-    max_delay_ms: int | None = None
-    jitter: float = 0.0
-    retries: int | None = None
-
-    def __post_init__(self) -> None:
-        if type(self.initial_ms) is not int or not 0 < self.initial_ms <= MAX_DELAY_MS:
-            raise PolicyError(f"exponential: initial delay must be > 0, got {self.initial_ms} ms")
-        # Below 1.01 delays would creep up over millions of attempts: a mistake, and
-        # too slow to explain. 1 is fine (a constant delay).
-        if not (
-            math.isfinite(self.multiplier) and (self.multiplier == 1 or self.multiplier >= 1.01)
-        ):
-            raise PolicyError(
-                f"exponential: multiplier must be 1 or at least 1.01, got {self.multiplier!r}"
-            )
-        if self.max_delay_ms is not None and not (
-            type(self.max_delay_ms) is int and self.initial_ms <= self.max_delay_ms <= MAX_DELAY_MS
-        ):
-            raise PolicyError(
-                f"exponential: max delay {format_duration(self.max_delay_ms)} must be at "
-                f"least the initial delay {format_duration(self.initial_ms)}"
-            )
-        if not (math.isfinite(self.jitter) and 0 <= self.jitter <= 1):
-            raise PolicyError(f"exponential: jitter must be between 0 and 1, got {self.jitter!r}")
-        if self.retries is not None and (type(self.retries) is not int or self.retries < 1):
-            raise PolicyError(f"exponential: retries must be >= 1, got {self.retries!r}")
-
-    @property
-    def cap_ms(self) -> int:
-        return MAX_DELAY_MS if self.max_delay_ms is None else self.max_delay_ms
-
-    def nominal_ms(self, attempt: int) -> int:
-        """The delay after failed attempt ``attempt`` before jitter (the largest it can be)."""
-        cap, growth = self.cap_ms, attempt - 1
-        if self.multiplier == 1 or growth == 0:
-            return min(cap, self.initial_ms)
-        if growth * math.log(self.multiplier) >= math.log(cap / self.initial_ms):
-            return cap  # checked in log space: the power itself could overflow
-        return min(cap, round(self.initial_ms * self.multiplier**growth))
-
-    def delay_ms(self, attempt: int, rng: random.Random | None = None) -> int | None:
-        """Delay after failed attempt ``attempt``; jittered when ``rng`` is given."""
-        if self.retries is not None and attempt > self.retries:
-            return None
-        nominal = self.nominal_ms(attempt)
-        if rng is None or self.jitter == 0:
-            return nominal
-        return nominal - int(nominal * self.jitter * rng.random())
-
-    def runs(self) -> Iterator[Run]:
-        attempt = 1
-        while self.retries is None or attempt <= self.retries:
-            delay = self.nominal_ms(attempt)
-            left = None if self.retries is None else self.retries - attempt + 1
-            if delay >= self.cap_ms or self.multiplier == 1:
-                yield delay, left  # constant from here on
-                return
-            count = 1
-            while (left is None or count < left) and self.nominal_ms(attempt + count) == delay:
-                count += 1
-            yield delay, count
-            attempt += count
-
-    def __str__(self) -> str:
-        parts = [f"exponential {format_duration(self.initial_ms)}"]
-        parts.append(f"x{_format_number(self.multiplier)}")
-        if self.max_delay_ms is not None:
-            parts.append(f"max {format_duration(self.max_delay_ms)}")
-        if self.jitter:
-            parts.append(f"jitter {_format_number(self.jitter)}")
-        if self.retries is not None:
-            parts.append(f"retries {self.retries}")
-        return " ".join(parts)
-
-
-Schedule: TypeAlias = DelaySchedule | ExponentialBackoff
-
-_EXPECTED_SCHEDULE: Final = (
-    'expected delays like "5m x2, 30m x3, 1h": a duration, optionally x<count>; '
-    "x* on the last one repeats it forever"
-)
-_EXPECTED_EXPONENTIAL: Final = (
-    'expected "exponential <initial> [x<multiplier>] [max <duration>] [jitter <0..1>] '
-    '[retries <n>]", like "exponential 1s x2 max 5m jitter 0.2 retries 8"'
-)
-
-
-def _parse_steps(spec: str, context: str) -> DelaySchedule:
-    """Parse ``"5m x2, 30m x3, 1h"``; errors give the 0-based position of the token."""
-    steps: list[Step] = []
-    items = spec.split(",")
-    item_start = 0
-    for index, item in enumerate(items):
-        start, item_start = item_start, item_start + len(item) + 1
-        if not item.strip():
-            raise _fail(context, "empty item", start, _EXPECTED_SCHEDULE)
-        x_at = item.lower().find("x")
-        if x_at < 0:
-            steps.append(Step(_parse_duration(item, context, start)))
-            continue
-        delay = _parse_duration(item[:x_at], context, start)
-        token = item[x_at + 1 :].strip()
-        if token == "*":  # noqa: S105  # not a password: "x*" repeats forever
-            if index != len(items) - 1:
-                problem = "'x*' (repeat forever) is only allowed on the last item"
-                raise _fail(context, problem, start + x_at, _EXPECTED_SCHEDULE)
-            steps.append(Step(delay, None))
-        elif token.isascii() and token.isdigit() and int(token) >= 1:
-            steps.append(Step(delay, int(token)))
-        else:
-            problem = f"bad repeat count {'x' + token!r}"
-            raise _fail(context, problem, start + x_at, _EXPECTED_SCHEDULE)
-    return DelaySchedule(tuple(steps))
-
-
-def _parse_number(token: str, context: str, position: int, what: str) -> float:
-    try:
-        value = float(token)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or token.strip() != token:
-        raise _fail(context, f"{what} {token!r} is not a number", position, _EXPECTED_EXPONENTIAL)
-    return value
-
-
-def _parse_exponential(spec: str, context: str) -> ExponentialBackoff:
-    """Parse ``"exponential 1s x2 max 5m jitter 0.2 retries 8"`` (commas optional)."""
-    tokens = [(m.group(), m.start()) for m in re.finditer(r"[^\s,]+", spec)]
-    if len(tokens) < 2:
-        raise _fail(context, "missing initial delay", len(spec), _EXPECTED_EXPONENTIAL)
-    initial = _parse_duration(tokens[1][0], context, tokens[1][1])
-    options: dict[str, float | int] = {}
-    queue = tokens[2:]
-    while queue:
-        word, position = queue.pop(0)
-        key = word.lower()
-        if key.startswith("x"):
-            key, word = "x", word[1:]
-        elif key in ("max", "jitter", "retries"):
-            word = ""
-        else:
-            problem = f"unknown option {word!r}"
-            raise _fail(context, problem, position, _EXPECTED_EXPONENTIAL)
-        if key in options:
-            raise _fail(context, f"{key!r} given twice", position, _EXPECTED_EXPONENTIAL)
-        if not word:  # the value is the next token: "max 5m", "x 2"
-            if not queue:
-                problem = f"missing value after {key!r}"
-                raise _fail(context, problem, len(spec), _EXPECTED_EXPONENTIAL)
-            word, position = queue.pop(0)
-        if key == "max":
-            options[key] = _parse_duration(word, context, position)
-        elif key == "retries":
-            if not (word.isascii() and word.isdigit()):
-                problem = f"retries {word!r} is not a whole number"
-                raise _fail(context, problem, position, _EXPECTED_EXPONENTIAL)
-            options[key] = int(word)
-        else:
-            options[key] = _parse_number(word, context, position, key)
-    try:
-        return ExponentialBackoff(
-            initial,
-            multiplier=float(options.get("x", 2.0)),
-            max_delay_ms=int(options["max"]) if "max" in options else None,
-            jitter=float(options.get("jitter", 0.0)),
-            retries=int(options["retries"]) if "retries" in options else None,
-        )
-    except PolicyError as error:
-        raise PolicyError(f"{context}: {error}; {_EXPECTED_EXPONENTIAL}") from None
-
-
-def _parse_json_list(spec: str, context: str) -> DelaySchedule:
-    try:
-        value = json.loads(spec)
-    except json.JSONDecodeError as error:
-        problem = f"not valid JSON ({error.msg})"
-        expected = "expected a JSON list of seconds like [10, 60, 300]"
-        raise _fail(context, problem, error.pos, expected) from None
-    if not isinstance(value, list):
-        raise PolicyError(f"{context}: expected a JSON list of seconds like [10, 60, 300]")
-    return _from_sequence(value, context)
-
-
-def _from_sequence(items: Sequence[object], context: str) -> DelaySchedule:
-    """Delays from a list: numbers are seconds, strings durations, or timedeltas."""
-    delays: list[int] = []
-    for index, item in enumerate(items):
-        where = f"{context}: item {index + 1}"
-        if isinstance(item, str):
-            delays.append(_parse_duration(item, where))
-        elif isinstance(item, timedelta):
-            delays.append(to_ms(item, where))
-        else:
-            delays.append(_seconds_to_ms(item, where))
-    if not delays:
-        raise PolicyError(
-            f"{context}: empty list; give at least one delay (for no retries use max_attempts=1)"
-        )
-    return DelaySchedule.of(*delays)
-
-
-ScheduleSpec: TypeAlias = Schedule | str | Sequence[float | str | timedelta]
-"""Anything :func:`parse_schedule` accepts."""
-
-
-def parse_schedule(spec: ScheduleSpec) -> Schedule:
-    """A schedule from any of its forms.
-
-    - ``"5m x2, 30m x3, 1h"``: delays with repeat counts, ``x*`` repeats the last forever;
-    - ``"[10, 60, 300]"``: a JSON list of seconds;
-    - ``"exponential 1s x2 max 5m jitter 0.2 retries 8"``: exponential backoff;
-    - a list of seconds (numbers), duration strings or timedeltas;
-    - a schedule object, returned as it is.
-
-    ``parse_schedule(str(s)) == s`` for every schedule.
-    """
-    if isinstance(spec, DelaySchedule | ExponentialBackoff):
-        return spec
-    if isinstance(spec, str):
-        context = f"schedule {spec!r}"
-        text = spec.strip()
-        if not text:
-            raise PolicyError(f"{context}: empty; {_EXPECTED_SCHEDULE}")
-        if text[0] in "[{":
-            return _parse_json_list(spec, context)
-        if text.split()[0].lower() == "exponential":
-            return _parse_exponential(spec, context)
-        return _parse_steps(spec, context)
-    if isinstance(spec, Sequence):
-        return _from_sequence(spec, f"schedule {list(spec)!r}")
-    raise PolicyError(
-        f"schedule: cannot use a {type(spec).__name__}; expected a string like "
-        '"5m x2, 30m x3, 1h", a JSON list of seconds, or a list of numbers'
-    )
-
-
-# ------------------------------------------------------------------------ decisions
-
-
-@dataclass(frozen=True, slots=True)
-class Retry:
-    """Bring the message back at ``at_ms`` (epoch ms), ``delay_ms`` after the failure.
-
-    ``attempt`` is the failed-attempt count to write in ``redrive-attempt`` and
-    ``deadline_ms`` the deadline to write in ``redrive-deadline`` (None: no deadline).
-    """
-
-    at_ms: int
-    delay_ms: int
-    attempt: int
-    deadline_ms: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class DeadLetter:
-    """Give up: ``reason`` for machines, ``text`` for people (``str()`` is the text)."""
-
-    reason: DeadLetterReason
-    text: str
-    attempt: int
-
-    def __str__(self) -> str:
-        return self.text
-
-
-Decision: TypeAlias = Retry | DeadLetter
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """How an error was classified, and which rule on which exception decided it."""
-
-    retryable: bool
-    rule: str
-    exception: BaseException | None
-
-
-def cause_chain(error: BaseException) -> Iterator[BaseException]:
-    """The error, then what caused it, as Python's tracebacks show them.
-
-    Follows ``__cause__`` (``raise ... from``), else ``__context__`` unless suppressed
-    (``raise ... from None``); stops on cycles.
-    """
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        if current.__cause__ is not None:
-            current = current.__cause__
-        elif current.__suppress_context__:
-            current = None
-        else:
-            current = current.__context__
-
-
 # --------------------------------------------------------------------------- policy
 
 Predicate: TypeAlias = Callable[[BaseException], bool | None]
@@ -559,10 +79,6 @@ DeadlineBase: TypeAlias = Literal["first-failure", "record-timestamp"]
 ExceptionTypes: TypeAlias = tuple[type[BaseException], ...]
 
 _DEFAULT_RNG: Final = random.Random()  # noqa: S311  # jitter spreads load, no secrecy needed
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def _attempts_text(attempt: int, limit: int) -> str:
@@ -718,7 +234,7 @@ class Policy:
         """
         if type(attempt) is not int or attempt < 1:
             raise ValueError(f"attempt must be an integer >= 1, got {attempt!r}")
-        now = _now_ms() if now_ms is None else now_ms
+        now = clock.now_ms() if now_ms is None else now_ms
         if error is not None:
             verdict = self.classify(error)
             if not verdict.retryable:
@@ -882,8 +398,8 @@ def explain(spec: Policy | ScheduleSpec, start_ms: int = 0, *, max_rows: int = 2
     notes = ["at: time since the first failure, not counting time spent in the handler"]
     jitter = getattr(chosen.schedule, "jitter", 0.0)
     if jitter:
-        low = _format_number(round(100 * (1 - jitter), 4))
-        notes.append(f"jitter {_format_number(jitter)}: each delay is drawn from {low}%-100% of it")
+        low = format_number(round(100 * (1 - jitter), 4))
+        notes.append(f"jitter {format_number(jitter)}: each delay is drawn from {low}%-100% of it")
     if chosen.max_duration_ms is not None and chosen.deadline_from == "record-timestamp":
         notes.append(
             "max duration counts from the record timestamp, taken here as the first failure"

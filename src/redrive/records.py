@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from redrive.headers import Header
+from redrive.headers import FailureHistory, Header
 from redrive.reasons import DeadLetterReason
 
 
@@ -42,11 +42,13 @@ class PendingRetry:
 
 
 @dataclass(frozen=True, slots=True)
-class DeadLetterRecord:
+class DeadLetterRecord(FailureHistory):
     """A message that will not be retried, kept whole, with the reason why.
 
     Not to be confused with :class:`redrive.policy.DeadLetter`, a policy's decision
-    to give up: this is the message itself, as stored and published.
+    to give up: this is the message itself, as stored and published. Its group,
+    original-* and error-* fields (keyword-only) are its request's, as
+    :class:`redrive.headers.FailureHistory` declares them for both.
     """
 
     topic: str | None
@@ -58,12 +60,4 @@ class DeadLetterRecord:
     source: str
     """Who made it a dead letter: ``intake`` or ``scheduler``."""
     attempt: int | None = None
-    group: str | None = None
-    original_topic: str | None = None
-    original_partition: int | None = None
-    original_offset: int | None = None
-    original_timestamp: int | None = None
-    error_type: str | None = None
-    error_message: str | None = None
-    error_trace: str | None = None
     request: RequestCoordinates | None = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Final
 
 from confluent_kafka import Message
@@ -169,15 +170,20 @@ def _dead(
     When the headers could not be decoded, the columns are filled from what is
     readable, so that operators can still search the letter by topic or error.
     """
+    # What every dead letter of intake keeps: the request as it came, and why.
+    letter = partial(
+        DeadLetterRecord,
+        key=msg.key,
+        value=msg.value,
+        headers=msg.headers,
+        reason_code=code,
+        reason=reason,
+        source=SOURCE,
+        request=msg.coordinates,
+    )
     if request is not None:
-        return DeadLetterRecord(
+        return letter(
             topic=request.destination,
-            key=msg.key,
-            value=msg.value,
-            headers=msg.headers,
-            reason_code=code,
-            reason=reason,
-            source=SOURCE,
             attempt=request.attempt,
             group=request.group,
             original_topic=request.original_topic,
@@ -187,19 +193,11 @@ def _dead(
             error_type=request.error_type,
             error_message=request.error_message,
             error_trace=request.error_trace,
-            request=msg.coordinates,
         )
     raw, _ = split_headers(msg.headers)
-    return DeadLetterRecord(
+    return letter(
         topic=(_text(raw.get(DESTINATION)) or "")[:MAX_TOPIC_LENGTH] or None,
-        key=msg.key,
-        value=msg.value,
-        headers=msg.headers,
-        reason_code=code,
-        reason=reason,
-        source=SOURCE,
         group=(_text(raw.get(GROUP)) or "")[:MAX_VALUE_BYTES] or None,
         error_type=(_text(raw.get(ERROR_TYPE)) or "")[:MAX_VALUE_BYTES] or None,
         error_message=(_text(raw.get(ERROR_MESSAGE)) or "")[:MAX_ERROR_MESSAGE_BYTES] or None,
-        request=msg.coordinates,
     )

@@ -35,11 +35,11 @@ forged attempt count at the top of its range leaves room for one more
 from __future__ import annotations
 
 import dataclasses
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
+from redrive.clock import Clock, now_ms
 from redrive.headers import (
     MAX_INT32,
     MAX_INT64,
@@ -51,11 +51,6 @@ from redrive.headers import (
     read_delivery_headers,
 )
 from redrive.policy import DeadLetter, DeadLetterReason, Policy, Retry
-
-
-def now_ms() -> int:
-    """The wall clock in epoch milliseconds: the router's default clock."""
-    return time.time_ns() // 1_000_000
 
 
 def header_time(ms: int | None) -> int | None:
@@ -86,8 +81,8 @@ def read_delivery(headers: Iterable[Header] | None, group: str) -> RetryHeaders 
 
 
 @dataclass(frozen=True, slots=True)
-class FailedRecord:
-    """A record whose handling failed, as the router needs it."""
+class SourceRecord:
+    """A record as read from its topic: where it comes from, and its contents."""
 
     topic: str
     partition: int
@@ -97,7 +92,16 @@ class FailedRecord:
     key: bytes | None
     value: bytes | None
     headers: list[Header]
-    """The user's own headers (no ``redrive-*`` ones): they travel untouched."""
+
+
+@dataclass(frozen=True, slots=True)
+class FailedRecord(SourceRecord):
+    """A record whose handling failed, as the router needs it.
+
+    Its ``headers`` are the user's own (no ``redrive-*`` ones): they travel untouched.
+    What its redrive headers said is in ``delivery``.
+    """
+
     delivery: RetryHeaders | None
     """The redrive headers it arrived with, read by :func:`read_delivery` (None on a
     first delivery to this group)."""
@@ -165,7 +169,7 @@ class Router:
 
     policy: Policy
     group: str
-    clock: Callable[[], int] = field(default=now_ms, compare=False)
+    clock: Clock = field(default=now_ms, compare=False)
 
     def route(
         self,

@@ -22,7 +22,7 @@ import uvicorn
 from confluent_kafka.admin import AdminClient, NewTopic
 from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
 
-from redrive.local.process import free_port
+from redrive.ports import free_port
 from redrive.service.filters import DeadLetterFilter, PendingFilter
 from redrive.service.operations import Operations
 from redrive.service.service import RetryService

@@ -34,7 +34,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from redrive.local.kafka import LocalKafka
 from redrive.local.postgres import LocalPostgres
-from redrive.local.process import free_port
+from redrive.ports import free_port
 from tests.chaos.harness import (
     FAST_GROUP,
     MODE,

@@ -19,14 +19,11 @@ from typing import Any
 import psycopg
 from confluent_kafka import Consumer, KafkaError, Message, Producer
 
+from redrive.clock import now_ms
 from redrive.headers import Header, RetryHeaders, encode
 from redrive.kafka import consume_available
 from redrive.service.config import ServiceSettings
 from redrive.service.service import RetryService
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def fresh_database(server_url: str) -> str:

@@ -1,4 +1,13 @@
-"""`make demo DEMO_ONESHOT=1`: the items scenario runs and checks its own outcome."""
+"""`make demo DEMO_ONESHOT=1`: the items scenario runs on both engines and checks itself.
+
+The demo runs the scenario with the Python App (``[app]``) and a PySpark Structured
+Streaming query built on redrive.spark (``[spark]``, real Spark in local mode), on the
+session's real broker and database. What a user relies on is its output: each
+engine's update fails before the create, is retried through the retry service and
+applied on a later attempt, each engine's malformed event is a dead letter in the
+one store and UI, and nothing but the narration reaches the terminal (no Spark or
+Java log line, no raw librdkafka line).
+"""
 
 from __future__ import annotations
 
@@ -13,44 +22,93 @@ import pytest
 
 from redrive.local import LocalStack
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.spark]
+
+# What Spark, its JVM, log4j, py4j or librdkafka would print if they reached the
+# terminal: Spark's log lines ("25/01/02 10:00:00 WARN NativeCodeLoader: ..."), its
+# start-up notices, the JVM's incubator-module warning, Java stack frames, and
+# librdkafka's own lines ("%4|1700000000.123|GETPID|...").
+NOISE = re.compile(
+    r"^\S+ \d{2}:\d{2}:\d{2}(\.\d+)? (TRACE|DEBUG|INFO|WARN|ERROR) "
+    r"|log4j|SLF4J|NativeCodeLoader|Using incubator modules|setLogLevel|Setting default log level"
+    r"|py4j|org\.apache\.|^\s+at [\w$.]+\(|Exception in thread|^%\d\|",
+    re.MULTILINE,
+)
 
 
-def test_the_demo_in_one_shot_mode_passes(local_stack: LocalStack) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("REDRIVE_")}
-    env.update(REDRIVE_STATE_DIR=str(local_stack.root), DEMO_ONESHOT="1")
+def demo_env(local_stack: LocalStack, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("REDRIVE_", "DEMO_"))}
+    env.update(REDRIVE_STATE_DIR=str(local_stack.root), **extra)
+    return env
+
+
+def applied_on(engine: str, out: str) -> int:
+    """The attempt on which an engine applied the update, from its narration line."""
+    found = re.search(
+        rf"\[{engine}\]\s+update-item \S+: status set to ACTIVE on attempt (\d+)$",
+        out,
+        re.MULTILINE,
+    )
+    assert found, f"no [{engine}] line applying the update:\n{out}"
+    return int(found.group(1))
+
+
+def test_the_demo_in_one_shot_mode_passes_on_both_engines(local_stack: LocalStack) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "redrive.cli", "demo"],
-        env=env,
+        env=demo_env(local_stack, DEMO_ONESHOT="1"),
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
     )
-    out = result.stdout
-    assert result.returncode == 0, out + result.stderr
+    out, err = result.stdout, result.stderr
+    assert result.returncode == 0, out + err
     assert "demo passed" in out
-    assert "-> 404" in out  # the status was 404 before the item existed
-    assert "status set to ACTIVE on attempt" in out
-    assert '"status":"ACTIVE"' in out
-    assert "it is a dead letter in the retry service's store" in out
-    assert "Traceback" not in result.stderr
-    # librdkafka's own log lines (`%4|...|GETPID|...`) go through redrive's logging,
-    # quiet in the demo, instead of onto the screen raw.
-    assert not re.search(r"^%\d\|", result.stderr, re.MULTILINE), result.stderr
+    assert "starting Spark (local[2])" in out
+
+    for engine in ("app", "spark"):
+        # Before the create, the item does not exist in this engine's view...
+        assert re.search(rf"\[{engine}\]\s+GET /v1/demo/items/\S+ -> 404", out), out
+        # ...its update fails and the retry service brings it back...
+        assert re.search(
+            rf"\[{engine}\]\s+update-item: item \S+ not found \(attempt 1\); "
+            r"the retry service brings it back in 2s",
+            out,
+        ), out
+        # ...until the create has been processed: applied on a later attempt.
+        assert applied_on(engine, out) > 1
+        assert re.search(rf"\[{engine}\]\s+GET /v1/demo/items/\S+ -> 200 .*\"ACTIVE\"", out), out
+    assert re.search(
+        r"\[app\]\s+it is a dead letter in the retry service's store "
+        r"\(redrive\.DeserializationError\)",
+        out,
+    ), out
+    assert re.search(
+        r"\[spark\]\s+it is a dead letter in the retry service's store "
+        r"\(json\.decoder\.JSONDecodeError\)",
+        out,
+    ), out
+    assert re.search(r"\[spark\]\s+item \S+ is ACTIVE: applied on attempt \d+, after", out), out
     # The address it prints serves the web UI's overview.
     assert "web UI: http://127.0.0.1:" in out
 
+    # Nothing else on the terminal: Spark's and the JVM's output is in its log file.
+    assert err == "", err
+    assert not NOISE.search(out), NOISE.search(out)
+    spark_folder = local_stack.root / "demo" / "spark"
+    assert (spark_folder / "spark.log").exists()
+    assert not (spark_folder / "checkpoint").exists(), "the query's checkpoint was left behind"
 
-def test_the_ui_address_the_demo_prints_shows_the_dead_letter(local_stack: LocalStack) -> None:
-    """As a new user: run the demo, open the address it prints, see the dead letter."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("REDRIVE_", "DEMO_"))}
-    env["REDRIVE_STATE_DIR"] = str(local_stack.root)
+
+def test_the_ui_address_the_demo_prints_shows_both_dead_letters(local_stack: LocalStack) -> None:
+    """As a new user: run the demo, open the address it prints, see the dead letters;
+    Ctrl-C stops it cleanly, the Spark query included."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "redrive.cli", "demo"],
-        env=env,
+        env=demo_env(local_stack),
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         text=True,
     )
     try:
@@ -65,7 +123,13 @@ def test_the_ui_address_the_demo_prints_shows_the_dead_letter(local_stack: Local
         with urllib.request.urlopen(url, timeout=10) as response:
             overview = response.read().decode()
         assert response.status == 200
-        assert "Overview" in overview and "redrive.DeserializationError" in overview
+        assert "Overview" in overview
+        assert "redrive.DeserializationError" in overview  # the App's
+        assert "JSONDecodeError" in overview  # the Spark query's
     finally:
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(60) == 0
+        rest, err = proc.communicate(timeout=90)
+    assert proc.returncode == 0, rest + err
+    assert err == "", err
+    assert not NOISE.search(rest), rest
+    assert not (local_stack.root / "demo" / "spark" / "checkpoint").exists()

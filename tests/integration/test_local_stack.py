@@ -70,6 +70,41 @@ def test_up_twice_status_down_leaves_no_process(tmp_path: Path) -> None:
     assert "stopped" in after.stdout
 
 
+@pytest.mark.spark
+def test_up_with_spark_starts_a_cluster_that_down_stops(tmp_path: Path) -> None:
+    up = run_cli(
+        *("local", "up", "--kafka-port", "0", "--postgres-port", "0"),
+        *("--spark", "--spark-port", "0", "--spark-ui-port", "0"),
+        state=tmp_path,
+    )
+    assert up.returncode == 0, up.stderr
+    cluster = LocalStack(tmp_path).spark()
+    assert f"Started Spark master on {cluster.master_url()} (2 workers)" in up.stdout
+    records = [daemon.pid_record() for daemon in [cluster.master(), *cluster.workers()]]
+    assert all(record is not None and record.alive() for record in records)
+    try:
+        status = run_cli("local", "status", "--json", state=tmp_path)
+        assert status.returncode == 0, status.stdout + status.stderr
+        spark = json.loads(status.stdout)["spark"]
+        assert spark["master_url"] == cluster.master_url()
+        assert spark["healthy"] and spark["workers_alive"] == spark["workers"] == 2
+    finally:
+        down = run_cli("local", "down", state=tmp_path)
+    assert down.returncode == 0, down.stderr
+    assert down.stdout.startswith("stopped: spark, kafka, postgres")
+    assert not any(record is not None and record.alive() for record in records)
+    leftovers = [
+        p.info
+        for p in psutil.process_iter(["pid", "cmdline"])
+        if p.info["cmdline"] and any(str(tmp_path) in part for part in p.info["cmdline"])
+    ]
+    assert leftovers == []
+    # After `down`, the cluster is no longer part of the stack's status.
+    after = run_cli("local", "status", state=tmp_path)
+    assert after.returncode == 1
+    assert not any(line.startswith("spark") for line in after.stdout.splitlines())
+
+
 def test_occupied_port_names_the_setting_and_starts_nothing(tmp_path: Path) -> None:
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", 0))

@@ -16,8 +16,8 @@ from confluent_kafka.cimpl import NewTopic
 
 from redrive import App, Message
 from redrive.local.kafka import LocalKafka
-from redrive.local.process import free_port
 from redrive.local.security import LocalSecurity
+from redrive.ports import free_port
 from redrive.service.service import RetryService
 from tests.integration.consumer_harness import Calls, retry_service, running_app
 from tests.integration.service_harness import (

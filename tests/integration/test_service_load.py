@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from redrive.local.postgres import LocalPostgres
-from redrive.local.process import free_port
+from redrive.ports import free_port
 from tests.integration.service_harness import (
     Collector,
     Delivery,

@@ -23,17 +23,20 @@ from typing import Any
 import pytest
 from pyspark import cloudpickle
 
-from redrive.headers import Header, decode, describe_error, encode, next_request
-from redrive.policy import policy
-from redrive.service.intake import DEAD_LETTER_REASON_HEADER
-from redrive.spark.pipeline import (
-    RecordHandler,
-    Routing,
-    SourceRecord,
-    handle_batch,
-    start_pipeline,
-    to_arrow,
+from redrive.headers import (
+    DEAD_LETTER_REASON,
+    Header,
+    decode,
+    describe_error,
+    encode,
+    next_request,
 )
+from redrive.policy import policy
+from redrive.router import SourceRecord
+from redrive.spark.batches import handle_batch
+from redrive.spark.output import to_arrow
+from redrive.spark.pipeline import start_pipeline
+from redrive.spark.routing import RecordHandler, Routing
 from redrive.spark.scheduler import build_scheduler_query
 from redrive.spark.session import spark_session
 from tests.integration.kcat import kcat_produce
@@ -207,7 +210,7 @@ def test_failures_are_retried_and_dead_lettered_and_the_query_survives(
     letters = {int(r.value or b""): r for r in reader.of(dlq)}
     assert set(letters) == fatal and len(reader.of(dlq)) == len(fatal)
     for n, letter in letters.items():
-        reason = (letter.header(DEAD_LETTER_REASON_HEADER) or b"").decode()
+        reason = (letter.header(DEAD_LETTER_REASON) or b"").decode()
         assert reason.startswith("sent to the dead letters by its consumer")
         assert letter.header("redrive-send-to") == b"dlq"
         assert letter.header("redrive-attempt") == b"1"
@@ -413,7 +416,7 @@ def test_a_batch_is_routed_as_record_by_record() -> None:
         for row in table:
             for header in row["headers"]:
                 if header["key"] == "redrive-error-trace":
-                    own = rb'  File "[^"]*/redrive/spark/pipeline\.py".*?(?=  File ")'
+                    own = rb'  File "[^"]*/redrive/spark/(?:routing|batches)\.py".*?(?=  File ")'
                     header["value"] = re.sub(own, b"", header["value"], count=1, flags=re.S)
         return table
 

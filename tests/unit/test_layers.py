@@ -182,12 +182,5 @@ def test_the_web_wing_keeps_to_its_layer() -> None:
     assert found == []
 
 
-# Being fixed in issue 15 by the other parts of the same change (the domain out of
-# the service, the dev stack out of production code): strict once they land.
-@pytest.mark.xfail(
-    reason="issue 15, in progress elsewhere: service/service.py imports "
-    "redrive.local.process, spark/session.py imports redrive.local.jars",
-    strict=False,
-)
 def test_no_module_imports_a_layer_above_it() -> None:
     assert layer_violations(import_graph()) == []

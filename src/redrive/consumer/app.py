@@ -33,6 +33,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from prometheus_client import CollectorRegistry
 
+from redrive.client_logs import with_client_logs
 from redrive.consumer.clients import make_consumer, make_producer
 from redrive.consumer.errors import (
     DeserializationError,
@@ -51,6 +52,7 @@ from redrive.consumer.routes import HandlerOptions, Kind, Route, build_route
 from redrive.consumer.topics import create_derived_topics
 from redrive.errors import ConfigError
 from redrive.membership import fatal_group_error, static_membership
+from redrive.topic_names import REQUESTS_TOPIC
 
 __all__ = [
     "App",
@@ -106,7 +108,7 @@ class App:
         self.kafka = dict(kafka or {})
         self.consumer_kafka = {**static_membership(instance_id), **(consumer_kafka or {})}
         self.requests_topic = requests_topic or os.environ.get(
-            "REDRIVE_REQUESTS_TOPIC", "redrive.requests"
+            "REDRIVE_REQUESTS_TOPIC", REQUESTS_TOPIC
         )
         self.batch_size = batch_size
         self.commit_interval_s = commit_interval_s
@@ -171,7 +173,8 @@ class App:
         if install_signal_handlers and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self._on_signal)
-        config = {"bootstrap.servers": self.bootstrap, **self.kafka}
+        # librdkafka's log lines go through structlog, not raw on stderr.
+        config = with_client_logs({"bootstrap.servers": self.bootstrap, **self.kafka})
         admin = AdminClient(config)
         create_derived_topics(admin, list(self.routes.values()))
         consumer = make_consumer(config, self.consumer_kafka, self.group, self._on_commit)

@@ -26,12 +26,12 @@ import structlog
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka import Message as KafkaMessage
 
+from redrive.clock import now_ms
 from redrive.consumer.metrics import ConsumerMetrics
 from redrive.consumer.offsets import OffsetTracker, Partition
 from redrive.consumer.pauses import PauseBook
 from redrive.consumer.records import Records
 from redrive.kafka import consume_available
-from redrive.router import now_ms
 
 log = structlog.get_logger("redrive.consumer")
 

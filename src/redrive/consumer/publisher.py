@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Any
 
 import structlog
 from confluent_kafka import KafkaError, Message, Producer
 
 from redrive.headers import Header, RetryHeaders, encode
-from redrive.kafka import kafka_headers
+from redrive.kafka import produce_patiently
 
 log = structlog.get_logger("redrive.consumer")
 
@@ -60,21 +59,16 @@ class Publisher:
             if err is not None:
                 self._failed.append((out, err))
 
-        kwargs: dict[str, Any] = {
-            "key": out.key,
-            "value": out.value,
-            "headers": kafka_headers(out.headers),
-            "on_delivery": delivered,
-        }
-        if out.partition is not None:
-            kwargs["partition"] = out.partition
-        while True:
-            try:
-                self._producer.produce(out.topic, **kwargs)
-                self.in_flight += 1
-                return
-            except BufferError:
-                self._producer.poll(0.05)
+        produce_patiently(
+            self._producer,
+            out.topic,
+            key=out.key,
+            value=out.value,
+            headers=out.headers,
+            on_delivery=delivered,
+            partition=out.partition,
+        )
+        self.in_flight += 1
 
     def flush(self) -> None:
         """Return once every hand-off is acknowledged; raise HandOffFailed if stopped first."""

@@ -21,6 +21,7 @@ from redrive.consumer.strategies import BY_NAME, DeadLetterTarget, Kind, RetrySt
 from redrive.errors import ConfigError
 from redrive.policy import Policy, PolicyError, policy
 from redrive.router import Router
+from redrive.topic_names import dead_letter_topic, per_group_retry_topic
 
 Strategy = Literal["blocking", "pause", "topics", "service"]
 STRATEGIES: tuple[Strategy, ...] = ("blocking", "pause", "topics", "service")
@@ -82,12 +83,14 @@ class Route:
 
     @property
     def dlq_topic(self) -> str:
-        return f"{self.topic}.dlq"
+        return dead_letter_topic(self.topic)
 
     @property
     def redelivery_topic(self) -> str:
         """Where the retry service delivers this route's retries."""
-        return f"{self.group}.{self.topic}.retry" if self.per_group_topic else self.topic
+        if self.per_group_topic:
+            return per_group_retry_topic(self.group, self.topic)
+        return self.topic
 
     def tier_for(self, attempt: int) -> str:
         """The tier topic of the retry after failed attempt `attempt`."""

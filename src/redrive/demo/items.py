@@ -3,64 +3,36 @@
 Two consumers keep items in a PostgreSQL table: `create-item` inserts an item with
 status PENDING, `update-item` sets its status and fails with ItemNotFound while the
 item does not exist yet. The update is retried through the retry service until the
-create has arrived. GET /v1/demo/items/{id}/status serves the status (404 until the
-item exists).
+create has arrived; its retries come back on the group's own topics
+(``items.<topic>.retry``), so that other groups reading the item topics, such as the
+demo's Spark query, never see them. GET /v1/demo/items/{id}/status serves the status
+(404 until the item exists); ``?engine=spark`` serves the Spark query's view.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
-import psycopg
 from fastapi import FastAPI, HTTPException
 
 from redrive import App, Message
+from redrive.demo.store import CREATE_TOPIC, UPDATE_TOPIC, ItemNotFound, ItemStore
 
-CREATE_TOPIC = "create-item"
-UPDATE_TOPIC = "update-item"
+__all__ = [
+    "APP_GROUP",
+    "CREATE_TOPIC",
+    "UPDATE_POLICY",
+    "UPDATE_TOPIC",
+    "ItemNotFound",
+    "ItemStore",
+    "build_api",
+    "build_app",
+]
+
+APP_GROUP = "items"
 UPDATE_POLICY = "2s x5, 5s x3"
-
-
-class ItemNotFound(Exception):
-    """The item an update names does not exist (yet): worth retrying."""
-
-
-class ItemStore:
-    def __init__(self, database_url: str) -> None:
-        self.database_url = database_url
-        with self._connect() as conn:
-            conn.execute(
-                "CREATE TABLE IF NOT EXISTS demo_items ("
-                " id text PRIMARY KEY, name text NOT NULL, status text NOT NULL,"
-                " updated_at timestamptz NOT NULL DEFAULT now())"
-            )
-
-    def _connect(self) -> psycopg.Connection[Any]:
-        return psycopg.connect(self.database_url, autocommit=True)
-
-    def create(self, item_id: str, name: str) -> None:
-        with self._connect() as conn:
-            conn.execute(
-                "INSERT INTO demo_items (id, name, status) VALUES (%s, %s, 'PENDING')"
-                " ON CONFLICT (id) DO NOTHING",
-                (item_id, name),
-            )
-
-    def update_status(self, item_id: str, status: str) -> None:
-        with self._connect() as conn:
-            updated = conn.execute(
-                "UPDATE demo_items SET status = %s, updated_at = now() WHERE id = %s",
-                (status, item_id),
-            ).rowcount
-        if updated == 0:
-            raise ItemNotFound(f"item {item_id} not found")
-
-    def status(self, item_id: str) -> str | None:
-        with self._connect() as conn:
-            row = conn.execute("SELECT status FROM demo_items WHERE id = %s", (item_id,)).fetchone()
-        return None if row is None else str(row[0])
 
 
 def build_app(
@@ -69,13 +41,13 @@ def build_app(
     *,
     requests_topic: str,
     say: Callable[[str], None],
-    group: str = "items",
+    group: str = APP_GROUP,
 ) -> App:
-    """The items consumers: a redrive App with two handlers."""
+    """The items consumers: a redrive App with two handlers, retries on per-group topics."""
 
     def on_retry(message: Message, retry: Any, error: BaseException) -> None:
         say(
-            f"update-item: {error} (attempt {message.attempt}); "
+            f"{message.original_topic}: {error} (attempt {message.attempt}); "
             f"the retry service brings it back in {retry.delay_ms / 1000:g}s"
         )
 
@@ -90,7 +62,13 @@ def build_app(
         on_dead_letter=on_dead_letter,
     )
 
-    @app.handler(CREATE_TOPIC, policy="1s x3", strategy="service", value_deserializer=json.loads)
+    @app.handler(
+        CREATE_TOPIC,
+        policy="1s x3",
+        strategy="service",
+        per_group_topic=True,
+        value_deserializer=json.loads,
+    )
     def create_item(message: Message) -> None:
         event = message.value
         store.create(event["id"], event["name"])
@@ -100,6 +78,7 @@ def build_app(
         UPDATE_TOPIC,
         policy=UPDATE_POLICY,
         strategy="service",
+        per_group_topic=True,
         retry_on=[ItemNotFound],
         value_deserializer=json.loads,
     )
@@ -114,12 +93,17 @@ def build_app(
     return app
 
 
-def build_api(store: ItemStore) -> FastAPI:
+def build_api(store: ItemStore, spark_store: ItemStore | None = None) -> FastAPI:
+    """The items API: the App's view of an item, or with ``?engine=spark`` the Spark
+    query's."""
     api = FastAPI(title="items demo")
 
     @api.get("/v1/demo/items/{item_id}/status")
-    def item_status(item_id: str) -> dict[str, str]:
-        status = store.status(item_id)
+    def item_status(item_id: str, engine: Literal["app", "spark"] = "app") -> dict[str, str]:
+        chosen = spark_store if engine == "spark" else store
+        if chosen is None:
+            raise HTTPException(status_code=404, detail=f"no {engine} engine in this demo")
+        status = chosen.status(item_id)
         if status is None:
             raise HTTPException(status_code=404, detail=f"item {item_id} not found")
         return {"id": item_id, "status": status}

@@ -1,8 +1,9 @@
 """The real local stack: Apache Kafka in KRaft mode and an embedded PostgreSQL.
 
 The dev stack only: production code does not import it. Its names load on first use,
-so that `redrive.local.jars` (which Spark uses for its connector jars) needs none of
-the stack's dependencies.
+so that importing one of its modules (`redrive.local.kafka`, say) needs none of the
+others' dependencies. The jar cache it fetches the broker with is the core's
+(`redrive.jars`), which Spark's connector jars share.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A real single-node Apache Kafka broker in KRaft mode, run from its own jars.
 
 The jars come from Maven Central (`org.apache.kafka:kafka_2.13`, version pinned in
-resources/kafka-pom.xml). The data folder is formatted once with
+maven/kafka-pom.xml). The data folder is formatted once with
 `kafka.tools.StorageTool format`, then `kafka.Kafka` runs as combined broker and
 controller, listening on loopback only. The broker is ready when it answers a
 metadata request, which is what `start` waits for.
@@ -17,17 +17,15 @@ from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
 
+from redrive import jars
 from redrive.client_logs import SILENT, with_client_logs
 from redrive.errors import ConfigError
-from redrive.local import jars
 from redrive.local.java import find_java
 from redrive.local.paths import resource
 from redrive.local.process import (
-    PidRecord,
+    LocalServer,
     listener_of,
     port_in_use,
-    read_pid,
-    stop_process,
     write_pid,
 )
 from redrive.local.security import LocalSecurity
@@ -46,7 +44,7 @@ def _cluster_id() -> str:
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
 
 
-class LocalKafka:
+class LocalKafka(LocalServer):
     """One broker whose config, data, log and pid file live under `root`."""
 
     def __init__(
@@ -73,13 +71,6 @@ class LocalKafka:
     @property
     def bootstrap(self) -> str:
         return f"{HOST}:{self.port}"
-
-    def pid_record(self) -> PidRecord | None:
-        return read_pid(self.pid_file)
-
-    def running(self) -> bool:
-        record = self.pid_record()
-        return record is not None and record.alive()
 
     def client_config(self) -> dict[str, str]:
         """What a client needs to reach this broker (with credentials when secured)."""
@@ -232,16 +223,3 @@ class LocalKafka:
             f"did not answer metadata requests within {READY_TIMEOUT_S:.0f}s",
             f"read {self.log_file}",
         )
-
-    def stop(self, timeout: float = 30.0) -> bool:
-        """Stop the broker this folder started (by its recorded pid). True if it ran."""
-        record = self.pid_record()
-        stopped = record is not None and stop_process(record, timeout=timeout)
-        self.pid_file.unlink(missing_ok=True)
-        return stopped
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"

@@ -1,8 +1,9 @@
-"""Where the local stack keeps its state (data, logs, pids) and its jar cache.
+"""Where the local stack keeps its state (data, logs, pids), and its resources.
 
 State is per user by default so that `redrive local up`, `redrive serve` and the
 demo all find the same broker and database whatever the current directory; tests
-point REDRIVE_STATE_DIR at a temporary folder of their own.
+point REDRIVE_STATE_DIR at a temporary folder of their own. The jar cache, which
+Spark shares, is :func:`redrive.jars.cache_dir`.
 """
 
 from __future__ import annotations
@@ -18,16 +19,6 @@ def state_dir() -> Path:
         return Path(explicit).expanduser().resolve()
     xdg = os.environ.get("XDG_STATE_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".local" / "state"
-    return (base / "redrive").resolve()
-
-
-def cache_dir() -> Path:
-    """Downloaded jars, shared by every state folder: REDRIVE_CACHE_DIR, else XDG cache."""
-    explicit = os.environ.get("REDRIVE_CACHE_DIR")
-    if explicit:
-        return Path(explicit).expanduser().resolve()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
     return (base / "redrive").resolve()
 
 

@@ -26,11 +26,9 @@ import psycopg
 
 from redrive.errors import ConfigError
 from redrive.local.process import (
-    PidRecord,
+    LocalServer,
     listener_of,
     port_in_use,
-    read_pid,
-    stop_process,
     write_pid,
 )
 
@@ -65,8 +63,10 @@ def _system_user() -> str | None:
     return SYSTEM_USER_WHEN_ROOT
 
 
-class LocalPostgres:
+class LocalPostgres(LocalServer):
     """One server whose data, log, password and pid file live under `root`."""
+
+    stop_signal = signal.SIGINT  # PostgreSQL's fast shutdown
 
     def __init__(self, root: Path, port: int) -> None:
         self.root = root
@@ -82,13 +82,6 @@ class LocalPostgres:
 
     def url(self, database: str = DATABASE) -> str:
         return f"postgresql://{SUPERUSER}:{self.password}@{HOST}:{self.port}/{database}"
-
-    def pid_record(self) -> PidRecord | None:
-        return read_pid(self.pid_file)
-
-    def running(self) -> bool:
-        record = self.pid_record()
-        return record is not None and record.alive()
 
     def healthy(self, timeout: float = 3.0) -> bool:
         """True if the `redrive` database answers `SELECT 1`."""
@@ -202,16 +195,3 @@ class LocalPostgres:
             ).fetchone()
             if not exists:
                 conn.execute(f'CREATE DATABASE "{DATABASE}"')
-
-    def stop(self, timeout: float = 30.0) -> bool:
-        """Stop the server this folder started (by pid; fast shutdown). True if it ran."""
-        record = self.pid_record()
-        stopped = record is not None and stop_process(record, sig=signal.SIGINT, timeout=timeout)
-        self.pid_file.unlink(missing_ok=True)
-        return stopped
-
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"

@@ -9,11 +9,16 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
+
+# The port checks live in the core (the service checks its HTTP port too); re-exported
+# here for the stack's modules.
+from redrive.ports import free_port as free_port
+from redrive.ports import listener_of as listener_of
+from redrive.ports import port_in_use as port_in_use
 
 
 @dataclass(frozen=True)
@@ -68,33 +73,35 @@ def stop_process(
     return True
 
 
-def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
-    """True if something already listens on host:port (we could not bind it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+class LocalServer:
+    """A server the local stack started, known by the pid file and log file in its
+    folder: whether it runs, how to stop it, the end of its log.
+
+    Stopping goes by the recorded pid (and start time), never by port or name, so
+    `down` stops only what this folder started.
+    """
+
+    pid_file: Path
+    log_file: Path
+    stop_signal: signal.Signals = signal.SIGTERM
+    """What asks this server to shut down cleanly."""
+
+    def pid_record(self) -> PidRecord | None:
+        return read_pid(self.pid_file)
+
+    def running(self) -> bool:
+        record = self.pid_record()
+        return record is not None and record.alive()
+
+    def stop(self, timeout: float = 30.0) -> bool:
+        """Stop the server this folder started. True if it ran."""
+        record = self.pid_record()
+        stopped = record is not None and stop_process(record, sig=self.stop_signal, timeout=timeout)
+        self.pid_file.unlink(missing_ok=True)
+        return stopped
+
+    def log_tail(self, lines: int = 30) -> str:
         try:
-            sock.bind((host, port))
+            return "\n".join(self.log_file.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
-            return True
-    return False
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port the kernel says is free now (for tests and `--port 0`)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
-
-
-def listener_of(port: int) -> str:
-    """Describe who listens on a port, for error messages ('pid 123 (java)')."""
-    try:
-        for conn in psutil.net_connections(kind="tcp"):
-            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN:
-                if conn.pid:
-                    with contextlib.suppress(psutil.Error):
-                        return f"pid {conn.pid} ({psutil.Process(conn.pid).name()})"
-                return "another process"
-    except psutil.Error:
-        pass
-    return "another process"
+            return "(no log)"

@@ -1,7 +1,9 @@
-"""The local stack: one Kafka broker and one PostgreSQL server under a state folder.
+"""The local stack: one Kafka broker and one PostgreSQL server under a state folder,
+and on request (`up --spark`) a Spark standalone cluster.
 
 `stack.json` in the state folder remembers the ports chosen at the first `up`, so
-later commands (`status`, `redrive serve`, the demo) find the same servers.
+later commands (`status`, `redrive serve`, the demo) find the same servers; the Spark
+cluster keeps its own settings in `spark/cluster.json`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from redrive.local.kafka import LocalKafka
 from redrive.local.paths import state_dir
 from redrive.local.postgres import LocalPostgres
 from redrive.local.process import free_port
+from redrive.local.spark_cluster import LocalSparkCluster, SparkStatus
 
 DEFAULT_KAFKA_PORT = 9092
 DEFAULT_POSTGRES_PORT = 55432
@@ -36,10 +39,13 @@ class StackStatus:
     kafka_healthy: bool
     postgres_running: bool
     postgres_healthy: bool
+    spark: SparkStatus | None = None
+    """The Spark cluster, when `up --spark` started it (until `down`)."""
 
     @property
     def healthy(self) -> bool:
-        return self.kafka_healthy and self.postgres_healthy
+        spark_healthy = self.spark is None or self.spark.healthy
+        return self.kafka_healthy and self.postgres_healthy and spark_healthy
 
 
 class LocalStack:
@@ -91,6 +97,9 @@ class LocalStack:
         p = ports or self.ports()
         return LocalPostgres(self.root / "postgres", p.postgres)
 
+    def spark(self) -> LocalSparkCluster:
+        return LocalSparkCluster(self.root / "spark")
+
     def up(
         self,
         kafka_port: int | None = None,
@@ -99,11 +108,17 @@ class LocalStack:
         quiet: bool = False,
         kafka: bool = True,
         postgres: bool = True,
+        spark: bool = False,
+        spark_port: int | None = None,
+        spark_ui_port: int | None = None,
+        spark_workers: int | None = None,
     ) -> StackStatus:
         """Start whatever is not running yet; harmless when everything already runs.
 
         `kafka` / `postgres` False leave that server alone (e.g. `redrive serve` given a
-        database URL needs only the local broker).
+        database URL needs only the local broker). `spark` True also starts the Spark
+        standalone cluster (a master and `spark_workers` workers, 2 by default); False
+        leaves it as it is.
         """
         saved = self.saved_ports()
         if saved is not None and (self.kafka(saved).running() or self.postgres(saved).running()):
@@ -126,10 +141,15 @@ class LocalStack:
             broker.preflight()
         if postgres and not database.running():
             database.preflight()
+        cluster = self.spark()
+        if spark:
+            cluster.preflight(cluster.plan(spark_port, spark_ui_port, spark_workers))
         if postgres:
             database.start(quiet=quiet)
         if kafka:
             broker.start(quiet=quiet)
+        if spark:
+            cluster.up(spark_port, spark_ui_port, spark_workers, quiet=quiet)
         return self.status()
 
     def down(self) -> list[str]:
@@ -138,6 +158,8 @@ class LocalStack:
         if saved is None:
             return []
         stopped = []
+        if self.spark().down():
+            stopped.append("spark")
         if self.kafka(saved).stop():
             stopped.append("kafka")
         if self.postgres(saved).stop():
@@ -147,6 +169,7 @@ class LocalStack:
     def status(self) -> StackStatus:
         ports = self.ports()
         kafka, postgres = self.kafka(ports), self.postgres(ports)
+        cluster = self.spark()
         return StackStatus(
             state_dir=self.root,
             bootstrap=kafka.bootstrap,
@@ -155,4 +178,5 @@ class LocalStack:
             kafka_healthy=kafka.healthy(),
             postgres_running=postgres.running(),
             postgres_healthy=postgres.healthy(),
+            spark=cluster.status() if cluster.enabled() else None,
         )

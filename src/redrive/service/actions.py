@@ -10,7 +10,6 @@ the replayer, a way to wake the scheduler, two limits), not the service.
 import base64
 import binascii
 import json
-import time
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -23,6 +22,8 @@ from pydantic import (
     model_validator,
 )
 
+from redrive.clock import now_ms
+from redrive.headers import MAX_TOPIC_LENGTH
 from redrive.service.auth import Principal
 from redrive.service.filters import (
     DeadLetterFilter,
@@ -116,7 +117,9 @@ Destination = StorableText
 
 class ReplayOne(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    destination: Destination | None = Field(None, max_length=249, description="Default: its topic.")
+    destination: Destination | None = Field(
+        None, max_length=MAX_TOPIC_LENGTH, description="Default: its topic."
+    )
     value: Payload | None = Field(None, description="Edit the value before replaying.")
     headers: list[HeaderIn] | None = Field(None, max_length=100, description="Replace headers.")
     # Flags are strict (JSON true or false): pydantic would also take 0, 1, "yes" and
@@ -155,7 +158,7 @@ class Selection(BaseModel):
 
 
 class ReplayMany(Selection):
-    destination: Destination | None = Field(None, max_length=249)
+    destination: Destination | None = Field(None, max_length=MAX_TOPIC_LENGTH)
     keep: StrictBool = False
     # At least one a second: the replay runs inside the request, which a slower pace
     # would hold open for hours (and a tiny one overflows the client's poll timeout).
@@ -280,7 +283,7 @@ class OperatorActions:
 
     def retry_now(self, who: Principal, pending_id: int) -> dict[str, Any]:
         ops = self._ops
-        if not ops.retry_now(pending_id, time.time_ns() // 1_000_000):
+        if not ops.retry_now(pending_id, now_ms()):
             raise ActionRefused(404, f"no pending retry {pending_id} (delivered or cancelled?)")
         self._wake_scheduler()
         ops.audit(actor=who.name, role=who.role, action="retry-now", ids=[pending_id], count=1)

@@ -56,34 +56,17 @@ class Tokens:
         if not name or len(name) > 200:
             raise TokenError("a token needs a name of 1 to 200 characters")
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-        with self.store._conn() as conn:
-            exists = conn.execute(
-                "SELECT 1 FROM redrive_api_tokens WHERE name = %s", (name,)
-            ).fetchone()
-            if exists:
-                raise TokenError(f"a token named {name!r} exists; revoke it or pick another name")
-            conn.execute(
-                "INSERT INTO redrive_api_tokens (name, role, token_hash) VALUES (%s, %s, %s)",
-                (name, role, hash_token(token)),
-            )
+        if not self.store.add_token(name, role, hash_token(token)):
+            raise TokenError(f"a token named {name!r} exists; revoke it or pick another name")
         return token
 
     def revoke(self, name: str) -> bool:
-        with self.store._conn() as conn:
-            done = conn.execute(
-                "UPDATE redrive_api_tokens SET revoked_at = now() "
-                "WHERE name = %s AND revoked_at IS NULL",
-                (name,),
-            ).rowcount
+        done = self.store.revoke_token(name)
         self._cache.clear()
         return bool(done)
 
     def list(self) -> list[tuple[str, str, object, object]]:
-        with self.store._conn() as conn:
-            rows = conn.execute(
-                "SELECT name, role, created_at, revoked_at FROM redrive_api_tokens ORDER BY name"
-            ).fetchall()
-        return [(r[0], r[1], r[2], r[3]) for r in rows]
+        return self.store.list_tokens()
 
     def verify(self, token: str) -> Principal | None:
         """The token's principal, or None for an unknown or revoked token."""
@@ -93,12 +76,7 @@ class Tokens:
         cached = self._cache.get(digest)
         if cached is not None and time.monotonic() - cached[0] < _CACHE_S:
             return cached[1]
-        with self.store._conn() as conn:
-            row = conn.execute(
-                "SELECT name, role, token_hash FROM redrive_api_tokens "
-                "WHERE token_hash = %s AND revoked_at IS NULL",
-                (digest,),
-            ).fetchone()
+        row = self.store.live_token(digest)
         principal = None
         if row is not None and hmac.compare_digest(row[2], digest):
             principal = Principal(row[0], row[1])

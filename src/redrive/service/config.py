@@ -23,7 +23,8 @@ from pydantic_settings import (
 
 from redrive.destinations import DestinationAllowlist, check_patterns
 from redrive.errors import ConfigError
-from redrive.headers import is_topic_name
+from redrive.headers import MAX_TOPIC_LENGTH, is_topic_name
+from redrive.topic_names import DLQ_TOPIC, REQUESTS_TOPIC
 
 Role = Literal["intake", "scheduler"]
 ALL_ROLES: tuple[Role, ...] = ("intake", "scheduler")
@@ -56,8 +57,8 @@ class ServiceSettings(BaseSettings):
         description="librdkafka settings for the scheduler's producer only (e.g. "
         "compression.type, linger.ms).",
     )
-    requests_topic: str = "redrive.requests"
-    dlq_topic: str = "redrive.dlq"
+    requests_topic: str = REQUESTS_TOPIC
+    dlq_topic: str = DLQ_TOPIC
     mirror_dead_letters: bool = Field(
         False, description="Also publish each dead letter to dlq_topic."
     )
@@ -131,7 +132,7 @@ class ServiceSettings(BaseSettings):
         if value and not is_topic_name(value):
             raise ValueError(
                 f"{value!r} is not a legal group instance id (letters, digits, '.', '_', "
-                "'-'; at most 249)"
+                f"'-'; at most {MAX_TOPIC_LENGTH})"
             )
         return value
 

@@ -31,6 +31,8 @@ from pydantic import (
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
+from redrive.headers import MAX_TOPIC_LENGTH
+
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
 # Text PostgreSQL can store: no NUL. (Lone surrogates are refused by `_storable`: a JSON
@@ -122,7 +124,7 @@ class DeadLetterFilter(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    topic: StorableText | None = _text(249)
+    topic: StorableText | None = _text(MAX_TOPIC_LENGTH)
     group: StorableText | None = _text(1024)
     error_type: StorableText | None = _text(1024)
     text: StorableText | None = _text(1024, "Found anywhere in the error message (any case).")
@@ -175,7 +177,7 @@ class DeadLetterFilter(BaseModel):
 class PendingFilter(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    destination: StorableText | None = _text(249)
+    destination: StorableText | None = _text(MAX_TOPIC_LENGTH)
     group: StorableText | None = _text(1024)
     due_after_ms: int | None = Field(None, ge=0, le=INT64_MAX)
     due_before_ms: int | None = Field(None, ge=0, le=INT64_MAX)

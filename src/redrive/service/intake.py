@@ -26,12 +26,14 @@ from typing import Any
 import structlog
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
+from redrive.clock import now_ms
 from redrive.headers import DEAD_LETTER_REASON
-from redrive.kafka import BATCH_WIDE_REFUSALS, consume_available, kafka_headers
+from redrive.kafka import BATCH_WIDE_REFUSALS, consume_available, produce_patiently
 from redrive.membership import GroupConsumer, static_membership
 from redrive.reasons import DeadLetterReason
 from redrive.records import DeadLetterRecord, PendingRetry
 from redrive.requests import Incoming, IntakeRules, classify
+from redrive.schedules import backoff_delay
 from redrive.service.config import ServiceSettings
 from redrive.service.metrics import ServiceMetrics
 from redrive.service.store import Store, StoreUnavailable
@@ -39,9 +41,6 @@ from redrive.topic_admin import MetadataUnavailable
 
 log = structlog.get_logger("redrive.intake")
 
-# Compatibility: the header's home is redrive.headers.DEAD_LETTER_REASON (the Spark
-# pipeline's tests still import this name; issue 15).
-DEAD_LETTER_REASON_HEADER = DEAD_LETTER_REASON
 INSTANCE_ID_SETTING = "instance_id (REDRIVE_INSTANCE_ID)"
 # How long a revocation waits for the batch being stored, to commit it before the
 # partitions go (an insert takes well under a second; the group waits for us longer).
@@ -50,10 +49,6 @@ REVOKE_WAIT_S = 10.0
 
 def _names(partitions: list[TopicPartition]) -> list[str]:
     return [f"{tp.topic}[{tp.partition}]" for tp in partitions]
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass
@@ -298,7 +293,7 @@ class Intake:
     def _pause_for(self, attempt: int) -> bool:
         """Back off (0.2 s doubling to the configured maximum) without reading more
         messages, but keep polling so the consumer stays in its group. False if stopped."""
-        delay = min(0.2 * 2 ** (attempt - 1), self.settings.store_retry_max_seconds)
+        delay = backoff_delay(attempt, 0.2, self.settings.store_retry_max_seconds)
         assignment = self.consumer.assignment()
         self.consumer.pause(assignment)
         try:
@@ -378,21 +373,17 @@ class Intake:
                 if err is not None:
                     refused.append((letter, err))
 
-            while True:
-                try:
-                    mirror.produce(
-                        self.settings.dlq_topic,
-                        key=letter.key,
-                        value=letter.value,
-                        headers=kafka_headers(headers),
-                        on_delivery=delivered,
-                    )
-                    break
-                except BufferError:  # the local queue is full: let deliveries drain
-                    mirror.poll(0.1)
-                except KafkaException as exc:  # refused before sending (too large, ...)
-                    refused.append((letter, exc.args[0]))
-                    break
+            try:
+                produce_patiently(
+                    mirror,
+                    self.settings.dlq_topic,
+                    key=letter.key,
+                    value=letter.value,
+                    headers=headers,
+                    on_delivery=delivered,
+                )
+            except KafkaException as exc:  # refused before sending (too large, ...)
+                refused.append((letter, exc.args[0]))
         mirror.flush(30)
         return refused
 

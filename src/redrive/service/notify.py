@@ -14,6 +14,7 @@ from collections.abc import Callable
 import psycopg
 import structlog
 
+from redrive.schedules import backoff_delay
 from redrive.service.store import NOTIFY_CHANNEL
 
 log = structlog.get_logger("redrive.notify")
@@ -38,4 +39,4 @@ def listen(database_url: str, wake: Callable[[int], None], stop: threading.Event
             log.warning(
                 "notification listener disconnected", error=str(exc).strip(), attempt=failures
             )
-            stop.wait(min(0.2 * 2**failures, 10.0))
+            stop.wait(backoff_delay(failures + 1, 0.2, 10.0))

@@ -19,7 +19,7 @@ from redrive.service.filters import (
     decode_cursor,
     encode_cursor,
 )
-from redrive.service.store import Row, Store
+from redrive.service.store import AuditEntry, Row, Store
 
 
 def _page(rows: list[Row], limit: int, *sort_key: str) -> tuple[list[Row], str | None]:
@@ -116,13 +116,15 @@ class Operations:
         detail: dict[str, Any] | None = None,
     ) -> None:
         self.store.append_audit(
-            actor=actor,
-            role=role,
-            action=action,
-            ids=ids,
-            filter_json=None if flt is None else flt.model_dump_json(exclude_none=True),
-            count=count,
-            detail_json=None if detail is None else json.dumps(detail),
+            AuditEntry(
+                actor,
+                role,
+                action,
+                ids,
+                None if flt is None else flt.model_dump_json(exclude_none=True),
+                count,
+                None if detail is None else json.dumps(detail),
+            )
         )
 
     def audit_log(

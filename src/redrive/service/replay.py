@@ -18,7 +18,7 @@ from typing import Any
 from confluent_kafka import KafkaError, Message, Producer
 
 from redrive.headers import Header, is_redrive_header
-from redrive.kafka import kafka_headers
+from redrive.kafka import produce_patiently
 
 
 class ReplayRefused(ValueError):
@@ -80,18 +80,14 @@ class Replayer:
                 if err is None:  # a refused message is left out: its dead letter stays
                     acked.append(row_id)
 
-            while True:
-                try:
-                    self._producer.produce(
-                        target,
-                        key=row["msg_key"],
-                        value=value,
-                        headers=kafka_headers(headers),
-                        on_delivery=done,
-                    )
-                    break
-                except BufferError:
-                    self._producer.poll(0.05)
+            produce_patiently(
+                self._producer,
+                target,
+                key=row["msg_key"],
+                value=value,
+                headers=headers,
+                on_delivery=done,
+            )
             # Paced between messages only: nothing waits after the last one.
             ahead = (index + 1) / rate_per_s - (time.monotonic() - started)
             if ahead > 0 and index + 1 < len(rows):

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -34,8 +33,10 @@ from typing import Any
 import structlog
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
-from redrive.kafka import BATCH_WIDE_REFUSALS, kafka_headers
+from redrive.clock import now_ms
+from redrive.kafka import BATCH_WIDE_REFUSALS, produce_patiently
 from redrive.reasons import DeadLetterReason
+from redrive.schedules import backoff_delay
 from redrive.service.config import ServiceSettings
 from redrive.service.metrics import ServiceMetrics
 from redrive.service.store import ClaimedRetry, Settlement, Store, StoreUnavailable
@@ -58,10 +59,6 @@ _PERMANENT = {
 }
 # Of those, the ones a broker returns for a whole batch of records.
 _BATCH_WIDE = BATCH_WIDE_REFUSALS
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass
@@ -127,7 +124,7 @@ class Scheduler:
                     failures += 1
                     self.healthy = False
                     self.metrics.store_errors.labels("schedule").inc()
-                    backoff = min(0.2 * 2 ** (failures - 1), self.settings.store_retry_max_seconds)
+                    backoff = backoff_delay(failures, 0.2, self.settings.store_retry_max_seconds)
                     log.warning(
                         "store unavailable; scheduler waits",
                         error=str(exc),
@@ -205,29 +202,24 @@ class Scheduler:
             return callback
 
         for row in rows:
-            kwargs: dict[str, Any] = {
-                "key": row.key,
-                "value": row.value,
-                "headers": kafka_headers(row.headers),
-                "on_delivery": delivered(row),
-            }
-            if row.partition is not None:
-                kwargs["partition"] = row.partition
-            while True:
-                try:
-                    self.producer.produce(row.destination, **kwargs)
-                    break
-                except BufferError:  # the local queue is full: let deliveries drain
-                    self.producer.poll(0.05)
-                except KafkaException as exc:  # refused before sending (e.g. too large)
-                    done.add(row.id)
-                    err = exc.args[0]
-                    bucket = outcome.permanent if err.code() in _PERMANENT else None
-                    if bucket is not None:
-                        bucket.append((row, err))
-                    else:
-                        outcome.transient.append((row, err))
-                    break
+            try:
+                produce_patiently(
+                    self.producer,
+                    row.destination,
+                    key=row.key,
+                    value=row.value,
+                    headers=row.headers,
+                    on_delivery=delivered(row),
+                    partition=row.partition,
+                )
+            except KafkaException as exc:  # refused before sending (e.g. too large)
+                done.add(row.id)
+                err = exc.args[0]
+                bucket = outcome.permanent if err.code() in _PERMANENT else None
+                if bucket is not None:
+                    bucket.append((row, err))
+                else:
+                    outcome.transient.append((row, err))
         remaining = self.producer.flush(timeout_s)
         if remaining:
             for row in rows:
@@ -278,7 +270,9 @@ class Scheduler:
                         rows=len(settlement.delivered),
                     )
                     return
-                self.stop.wait(min(0.2 * 2**failures, self.settings.store_retry_max_seconds))
+                self.stop.wait(
+                    backoff_delay(failures + 1, 0.2, self.settings.store_retry_max_seconds)
+                )
                 log.warning("store unavailable while recording deliveries", error=str(exc))
 
     def _report(self, outcome: _Outcome, expired: list[ClaimedRetry]) -> None:

@@ -27,7 +27,7 @@ from confluent_kafka.admin import AdminClient
 from redrive import __version__
 from redrive.client_logs import with_client_logs
 from redrive.errors import ConfigError
-from redrive.local.process import listener_of, port_in_use
+from redrive.ports import listener_of, port_in_use
 from redrive.requests import IntakeRules
 from redrive.service.auth import Tokens
 from redrive.service.config import ServiceSettings

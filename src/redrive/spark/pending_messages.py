@@ -13,21 +13,17 @@ import json
 from dataclasses import dataclass
 
 from redrive.header_json import headers_as_json, headers_from_json
-from redrive.headers import Header
 from redrive.records import PendingRetry
-from redrive.spark.pipeline import OutputRecord
+from redrive.spark.output import OutputRecord
 
 
 @dataclass(frozen=True, slots=True)
 class PendingMessage:
-    """A valid retry request waiting in state: what to deliver, where and when."""
+    """A valid retry request waiting in state: what to deliver, when, and until when."""
 
     due_ms: int
-    destination: str
-    partition: int | None
-    key: bytes | None
-    value: bytes | None
-    headers: list[Header]
+    delivery: OutputRecord
+    """The message as it goes to its destination: key, partition, headers unchanged."""
     deadline_ms: int | None
     request: tuple[str, int, int]
     """Where the request was read from (topic, partition, offset)."""
@@ -35,16 +31,10 @@ class PendingMessage:
     @classmethod
     def of(cls, retry: PendingRetry) -> PendingMessage:
         r = retry.request
-        return cls(
-            retry.due_ms,
-            retry.destination,
-            retry.partition,
-            retry.key,
-            retry.value,
-            retry.headers,
-            retry.deadline_ms,
-            (r.topic, r.partition, r.offset),
+        delivery = OutputRecord(
+            retry.destination, retry.key, retry.value, retry.headers, retry.partition
         )
+        return cls(retry.due_ms, delivery, retry.deadline_ms, (r.topic, r.partition, r.offset))
 
     def to_bytes(self) -> bytes:
         """JSON, binary parts in base64; headers as the service stores them."""
@@ -52,14 +42,15 @@ class PendingMessage:
         def b64(data: bytes | None) -> str | None:
             return None if data is None else base64.b64encode(data).decode()
 
+        message = self.delivery
         return json.dumps(
             {
                 "due": self.due_ms,
-                "destination": self.destination,
-                "partition": self.partition,
-                "key": b64(self.key),
-                "value": b64(self.value),
-                "headers": headers_as_json(self.headers),
+                "destination": message.topic,
+                "partition": message.partition,
+                "key": b64(message.key),
+                "value": b64(message.value),
+                "headers": headers_as_json(message.headers),
                 "deadline": self.deadline_ms,
                 "request": list(self.request),
             },
@@ -73,18 +64,14 @@ class PendingMessage:
         def unb64(text: str | None) -> bytes | None:
             return None if text is None else base64.b64decode(text)
 
-        topic, partition, offset = item["request"]
-        return cls(
-            int(item["due"]),
+        delivery = OutputRecord(
             item["destination"],
-            item["partition"],
             unb64(item["key"]),
             unb64(item["value"]),
             headers_from_json(item["headers"]),
-            item["deadline"],
-            (topic, int(partition), int(offset)),
+            item["partition"],
         )
-
-    def delivery(self) -> OutputRecord:
-        """The message as it goes to its destination: key, partition, headers unchanged."""
-        return OutputRecord(self.destination, self.key, self.value, self.headers, self.partition)
+        topic, partition, offset = item["request"]
+        return cls(
+            int(item["due"]), delivery, item["deadline"], (topic, int(partition), int(offset))
+        )

@@ -36,8 +36,8 @@ Delivery is at-least-once, as everywhere in redrive: a batch that fails half-way
 run again after a restart, which may deliver some messages twice, never zero times.
 
 Beside this module: :mod:`redrive.spark.scheduler_rules` (what requests are checked
-against, on the executors) and :mod:`redrive.spark.pending_messages` (a message as
-it waits in state).
+against, on the executors), :mod:`redrive.spark.pending_messages` (a message as it
+waits in state) and :mod:`redrive.spark.output` (the rows written).
 """
 
 from __future__ import annotations
@@ -45,15 +45,16 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 
+from redrive.client_logs import with_client_logs
 from redrive.errors import ConfigError
 from redrive.headers import DEAD_LETTER_REASON, Header
-from redrive.reasons import DeadLetterReason
-from redrive.records import DeadLetterRecord, RequestCoordinates
+from redrive.records import DeadLetterRecord
 from redrive.requests import Incoming, IntakeRules, classify
+from redrive.spark.output import OUTPUT_SCHEMA, OutputRecord, frame
 from redrive.spark.pending_messages import PendingMessage
-from redrive.spark.pipeline import OUTPUT_SCHEMA, OutputRecord
 from redrive.spark.scheduler_rules import SchedulerRules
 from redrive.spark.session import ROCKSDB_PROVIDER
+from redrive.topic_names import DLQ_TOPIC, REQUESTS_TOPIC
 
 try:  # PySpark is an optional dependency (the `spark` extra)
     from pyspark.sql.streaming.stateful_processor import StatefulProcessor
@@ -71,64 +72,30 @@ TICK: Final = "redrive-tick"
 """The grouping key of the one tick row per micro-batch (see scheduler_dataframe)."""
 
 
-def dlq_record(letter: DeadLetterRecord, dlq_topic: str) -> OutputRecord:
-    """A refused request on the DLQ topic, as ``redrive serve`` mirrors it: the request's
-    key, value and headers, plus ``redrive-dead-letter-reason``."""
-    headers = [*letter.headers, (DEAD_LETTER_REASON, letter.reason.encode())]
-    return OutputRecord(dlq_topic, letter.key, letter.value, headers)
+def dlq_record(
+    message: DeadLetterRecord | OutputRecord, reason: str, dlq_topic: str
+) -> OutputRecord:
+    """A refused request, or a pending message that will not be delivered, on the DLQ
+    topic as ``redrive serve`` mirrors it: its key, value and headers, plus
+    ``redrive-dead-letter-reason`` (the reason text; the service's reason code is a
+    column of its store and a metric label, and has no place here)."""
+    headers = [*message.headers, (DEAD_LETTER_REASON, reason.encode())]
+    return OutputRecord(dlq_topic, message.key, message.value, headers)
 
 
-def _dead(message: PendingMessage, code: DeadLetterReason, reason: str) -> DeadLetterRecord:
-    """A pending message that will not be delivered, with the service's wording."""
-    topic, partition, offset = message.request
-    return DeadLetterRecord(
-        topic=message.destination,
-        key=message.key,
-        value=message.value,
-        headers=message.headers,
-        reason_code=code,
-        reason=reason,
-        source="scheduler",
-        request=RequestCoordinates(topic, partition, offset),
-    )
-
-
-def _expired(message: PendingMessage) -> DeadLetterRecord:
-    """A message whose deadline passed while it waited."""
-    return _dead(
-        message,
-        DeadLetterReason.DEADLINE_PASSED,
+def _expired(message: PendingMessage) -> str:
+    """Why a message whose deadline passed while it waited is not delivered, in the
+    service's words (its DEADLINE_PASSED)."""
+    return (
         f"deadline passed while pending: redrive-deadline {message.deadline_ms}, "
-        f"due {message.due_ms}",
+        f"due {message.due_ms}"
     )
 
 
-def _gone(message: PendingMessage) -> DeadLetterRecord:
-    """A message whose destination topic disappeared while it waited."""
-    return _dead(
-        message,
-        DeadLetterReason.UNKNOWN_DESTINATION,
-        f"destination topic {message.destination!r} does not exist",
-    )
-
-
-def _frame(rows: Sequence[OutputRecord]) -> Any:
-    """Output rows as a pandas DataFrame in OUTPUT_SCHEMA (object columns, so that
-    PySpark's Arrow conversion behaves the same with pandas 2 and 3)."""
-    import pandas as pd
-
-    def column(values: list[Any]) -> Any:
-        return pd.Series(values, dtype=object)
-
-    return pd.DataFrame(
-        {
-            "topic": column([r.topic for r in rows]),
-            "key": column([r.key for r in rows]),
-            "value": column([r.value for r in rows]),
-            "headers": column([[{"key": k, "value": v} for k, v in r.headers] for r in rows]),
-            "partition": column([r.partition for r in rows]),
-        }
-    )
+def _gone(message: PendingMessage) -> str:
+    """Why a message whose destination topic disappeared while it waited is not
+    delivered, in the service's words (its UNKNOWN_DESTINATION)."""
+    return f"destination topic {message.delivery.topic!r} does not exist"
 
 
 def _headers(value: Any) -> list[Header]:
@@ -173,7 +140,7 @@ class RetryScheduler(StatefulProcessor):
         if key[-1] == TICK:  # only there to make the batch run (see scheduler_dataframe)
             for _ in rows:
                 pass
-            yield _frame([])
+            yield frame([])
             return
         now = int(timerValues.getCurrentProcessingTimeInMs())
         out: list[OutputRecord] = []
@@ -198,16 +165,16 @@ class RetryScheduler(StatefulProcessor):
                 )
                 result = classify(request, self.intake, now)
                 if isinstance(result, DeadLetterRecord):
-                    out.append(dlq_record(result, self.rules.dlq_topic))
+                    out.append(dlq_record(result, result.reason, self.rules.dlq_topic))
                 elif result.due_ms <= now:
-                    out.append(PendingMessage.of(result).delivery())
+                    out.append(PendingMessage.of(result).delivery)
                 else:
                     waiting.append((result.due_ms, PendingMessage.of(result).to_bytes()))
         if waiting:
             self.pending.appendList(waiting)
             for due in sorted({due for due, _ in waiting}):
                 self.handle.registerTimer(due)
-        yield _frame(out)
+        yield frame(out)
 
     def handleExpiredTimer(  # noqa: N802 - PySpark's method name
         self,
@@ -224,7 +191,7 @@ class RetryScheduler(StatefulProcessor):
             else:
                 keep.append((int(due_ms), bytes(data)))
         if not due:  # a second timer of the same group, its message already delivered
-            yield _frame([])
+            yield frame([])
             return
         if keep:
             self.pending.put(keep)
@@ -233,12 +200,12 @@ class RetryScheduler(StatefulProcessor):
         out: list[OutputRecord] = []
         for message in sorted(due, key=lambda m: (m.due_ms, m.request)):
             if message.deadline_ms is not None and message.deadline_ms < now:
-                out.append(dlq_record(_expired(message), self.rules.dlq_topic))
-            elif self.intake.partitions_of(message.destination) is None:
-                out.append(dlq_record(_gone(message), self.rules.dlq_topic))
+                out.append(dlq_record(message.delivery, _expired(message), self.rules.dlq_topic))
+            elif self.intake.partitions_of(message.delivery.topic) is None:
+                out.append(dlq_record(message.delivery, _gone(message), self.rules.dlq_topic))
             else:
-                out.append(message.delivery())
-        yield _frame(out)
+                out.append(message.delivery)
+        yield frame(out)
 
     def close(self) -> None:
         pass
@@ -250,7 +217,7 @@ def _ensure_topics(admin_config: Mapping[str, str], topics: Mapping[str, int]) -
 
     from redrive.topic_admin import ensure_topic
 
-    admin = AdminClient(dict(admin_config))
+    admin = AdminClient(with_client_logs(admin_config))
     for topic, partitions in topics.items():
         ensure_topic(admin, topic, partitions, {})
 
@@ -314,8 +281,8 @@ def build_scheduler_query(
     spark: Any,
     *,
     bootstrap: str,
-    requests_topic: str = "redrive.requests",
-    dlq_topic: str = "redrive.dlq",
+    requests_topic: str = REQUESTS_TOPIC,
+    dlq_topic: str = DLQ_TOPIC,
     allowed_destinations: Sequence[str] = ("*",),
     checkpoint: str,
     trigger_interval: str = "500 milliseconds",
@@ -387,8 +354,8 @@ def run_scheduler(
     *,
     bootstrap: str,
     checkpoint: str,
-    requests_topic: str = "redrive.requests",
-    dlq_topic: str = "redrive.dlq",
+    requests_topic: str = REQUESTS_TOPIC,
+    dlq_topic: str = DLQ_TOPIC,
     allowed_destinations: Sequence[str] = ("*",),
     trigger_interval: str = "500 milliseconds",
     max_delay_days: float = 365.0,

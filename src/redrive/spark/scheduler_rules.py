@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from redrive.client_logs import with_client_logs
 from redrive.destinations import DestinationAllowlist, check_patterns
 from redrive.errors import ConfigError
 from redrive.headers import is_topic_name
@@ -95,7 +96,7 @@ def _partitions_lookup(config: tuple[tuple[str, str], ...]) -> Callable[[str], i
 
             from redrive.topic_admin import MetadataUnavailable, TopicMetadata
 
-            metadata = TopicMetadata(AdminClient(dict(config)))
+            metadata = TopicMetadata(AdminClient(with_client_logs(dict(config))))
 
             def partitions_of(topic: str) -> int | None:
                 deadline = time.monotonic() + METADATA_WAIT_S

@@ -2,7 +2,7 @@
 
 The connector (`spark-sql-kafka-0-10_2.13`, same version as PySpark) is not part of
 PySpark. :func:`connector_jars` fetches it once from Maven Central into redrive's jar
-cache (see :mod:`redrive.local.jars`) and returns only the jars PySpark does not ship
+cache (see :mod:`redrive.jars`) and returns only the jars PySpark does not ship
 already: the connector, its token provider, `kafka-clients` and `commons-pool2`.
 Passing the rest (Hadoop, Scala, slf4j...) again would put a second copy of them on
 the class path.
@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from redrive.local import jars
+from redrive import jars
 
 CONNECTOR_POM: Final = "spark-kafka-pom.xml"
 ROCKSDB_PROVIDER: Final = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"

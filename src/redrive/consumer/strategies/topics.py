@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import structlog
 
+from redrive.clock import now_ms
 from redrive.consumer.strategies.base import Kind, RetryStrategy, Route, Wait
 from redrive.errors import ConfigError
 from redrive.headers import RetryHeaders
 from redrive.policy import Policy, format_duration
-from redrive.router import FailedRecord, RetryTarget, now_ms
+from redrive.router import FailedRecord, RetryTarget
 
 log = structlog.get_logger("redrive.consumer")
 

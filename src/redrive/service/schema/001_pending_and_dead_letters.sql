@@ -24,7 +24,7 @@ CREATE TABLE redrive_pending (
 -- A redelivered request (same request coordinates) never makes a second row.
 CREATE UNIQUE INDEX redrive_pending_request_uq
     ON redrive_pending (request_topic, request_partition, request_offset);
--- Nor does the same failure written twice by its consumer (DESIGN: unique on
+-- Nor does the same failure written twice by its consumer (unique on
 -- original coordinates and attempt, per group).
 CREATE UNIQUE INDEX redrive_pending_original_uq
     ON redrive_pending (COALESCE(group_id, ''), original_topic, original_partition,

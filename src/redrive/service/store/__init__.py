@@ -8,6 +8,7 @@ its one door. Callers get typed methods, never a connection:
 - :mod:`.dead_letters`, :mod:`.pending`: what operators browse, delete and retry;
 - :mod:`.stats`: the per-minute counters and the dashboard's totals;
 - :mod:`.audit`: the log of operator actions;
+- :mod:`.tokens`: the API tokens' names, roles and digests;
 - :mod:`.rows`: values between Python and the columns.
 
 Every method runs in its own transaction on a pooled connection. When PostgreSQL is
@@ -26,13 +27,23 @@ import psycopg_pool
 
 from redrive.records import DeadLetterRecord, PendingRetry
 from redrive.service.migrations import migrate
-from redrive.service.store import audit, claims, dead_letters, intake_writes, pending, stats
+from redrive.service.store import (
+    audit,
+    claims,
+    dead_letters,
+    intake_writes,
+    pending,
+    stats,
+    tokens,
+)
+from redrive.service.store.audit import AuditEntry
 from redrive.service.store.claims import Claim, ClaimedRetry, DeadRow, Settlement
 from redrive.service.store.intake_writes import NOTIFY_CHANNEL
 from redrive.service.store.rows import Condition, Row
 
 __all__ = [
     "NOTIFY_CHANNEL",
+    "AuditEntry",
     "Claim",
     "ClaimedRetry",
     "Condition",
@@ -234,30 +245,32 @@ class Store:
 
     # ------------------------------------------------------------------ audit
 
-    def append_audit(
-        self,
-        *,
-        actor: str,
-        role: str,
-        action: str,
-        ids: Sequence[int],
-        filter_json: str | None,
-        count: int,
-        detail_json: str | None,
-    ) -> None:
+    def append_audit(self, entry: AuditEntry) -> None:
         with self._conn() as conn:
-            audit.append(
-                conn,
-                actor=actor,
-                role=role,
-                action=action,
-                ids=ids,
-                filter_json=filter_json,
-                count=count,
-                detail_json=detail_json,
-            )
+            audit.append(conn, entry)
 
     def audit_entries(self, *, before_id: int | None = None, limit: int) -> list[Row]:
         """Up to `limit` audit entries, newest first, older than `before_id` when given."""
         with self._conn() as conn:
             return audit.newest(conn, before_id=before_id, limit=limit)
+
+    # ------------------------------------------------------------------ tokens
+
+    def add_token(self, name: str, role: str, digest: str) -> bool:
+        """Store a token's digest; False if a token of that name exists (even revoked)."""
+        with self._conn() as conn:
+            return tokens.insert(conn, name, role, digest)
+
+    def revoke_token(self, name: str) -> bool:
+        with self._conn() as conn:
+            return tokens.revoke(conn, name)
+
+    def list_tokens(self) -> list[tuple[str, str, object, object]]:
+        """(name, role, created_at, revoked_at) of every token, by name."""
+        with self._conn() as conn:
+            return tokens.listed(conn)
+
+    def live_token(self, digest: str) -> tuple[str, str, str] | None:
+        """(name, role, digest) of the live token with this digest, if any."""
+        with self._conn() as conn:
+            return tokens.live_by_digest(conn, digest)

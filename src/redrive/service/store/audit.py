@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
@@ -11,21 +12,32 @@ from psycopg.rows import dict_row
 from redrive.service.store.rows import Row
 
 
-def append(
-    conn: psycopg.Connection[Any],
-    *,
-    actor: str,
-    role: str,
-    action: str,
-    ids: Sequence[int],
-    filter_json: str | None,
-    count: int,
-    detail_json: str | None,
-) -> None:
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One operator action: who (actor, role), what, on which ids or which filter."""
+
+    actor: str
+    role: str
+    action: str
+    ids: Sequence[int]
+    filter_json: str | None
+    count: int
+    detail_json: str | None
+
+
+def append(conn: psycopg.Connection[Any], entry: AuditEntry) -> None:
     conn.execute(
         "INSERT INTO redrive_audit (actor, role, action, ids, filter, count, detail)"
         " VALUES (%s, %s, %s, %s, %s::jsonb, %s, %s::jsonb)",
-        (actor, role, action, list(ids), filter_json, count, detail_json),
+        (
+            entry.actor,
+            entry.role,
+            entry.action,
+            list(entry.ids),
+            entry.filter_json,
+            entry.count,
+            entry.detail_json,
+        ),
     )
 
 

@@ -3,21 +3,43 @@
 Each set of jars is described by a pom shipped in the package; `fetch` runs
 `mvn dependency:copy-dependencies` on it into `<cache>/jars/<name>` and marks the
 folder complete only when Maven succeeded, so an interrupted download is redone.
+Both the Spark connector (:mod:`redrive.spark.session`) and the dev stack's broker
+(:mod:`redrive.local.kafka`) take their jars from here.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Final
 
 from redrive.errors import ConfigError
-from redrive.local.paths import cache_dir, resource
 
 _DOWNLOADED = re.compile(r"Downloaded from \S+: \S+/([^/\s]+\.jar)")
+
+# The poms (which artifacts, which versions) and Maven's settings are package data in
+# redrive/maven (see pyproject's package-data).
+_RESOURCES: Final = Path(__file__).parent / "maven"
+
+
+def cache_dir() -> Path:
+    """Downloaded jars, shared by every state folder: REDRIVE_CACHE_DIR, else XDG cache."""
+    explicit = os.environ.get("REDRIVE_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser().resolve()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return (base / "redrive").resolve()
+
+
+def resource(name: str) -> Path:
+    """A pom or Maven's settings, shipped inside the package."""
+    return _RESOURCES / name
 
 
 def jar_dir(pom_name: str) -> Path:

@@ -1,0 +1,28 @@
+"""Topic names redrive chooses: the defaults, and the names it derives from a topic.
+
+The library, the retry service and the Spark pipeline must agree on these, or a
+retry is delivered where no one reads it. Whether a name is legal at all is the
+header contract's rule (:func:`redrive.headers.is_topic_name`, at most
+:data:`redrive.headers.MAX_TOPIC_LENGTH` characters).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+REQUESTS_TOPIC: Final = "redrive.requests"
+"""Where consumers send retry requests for the retry service (or the Spark scheduler)."""
+
+DLQ_TOPIC: Final = "redrive.dlq"
+"""Where the retry service mirrors its dead letters, and the Spark scheduler writes its."""
+
+
+def dead_letter_topic(topic: str) -> str:
+    """The in-app strategies' dead-letter topic of ``topic``: ``<topic>.dlq``."""
+    return f"{topic}.dlq"
+
+
+def per_group_retry_topic(group: str, topic: str) -> str:
+    """The per-group retry topic of ``topic``: ``<group>.<topic>.retry``, read by that
+    group only, so other consumer groups of ``topic`` never see its retries."""
+    return f"{group}.{topic}.retry"
