@@ -29,6 +29,15 @@ def run_cli(
     )
 
 
+def processes_using(folder: Path) -> list[dict[str, object]]:
+    """The processes whose command line names `folder` (what a stack left running)."""
+    return [
+        p.info
+        for p in psutil.process_iter(["pid", "cmdline"])
+        if p.info["cmdline"] and any(str(folder) in part for part in p.info["cmdline"])
+    ]
+
+
 def test_up_twice_status_down_leaves_no_process(tmp_path: Path) -> None:
     first = run_cli("local", "up", "--kafka-port", "0", "--postgres-port", "0", state=tmp_path)
     assert first.returncode == 0, first.stderr
@@ -59,12 +68,7 @@ def test_up_twice_status_down_leaves_no_process(tmp_path: Path) -> None:
     for record in (kafka_pid, postgres_pid):
         assert not psutil.pid_exists(record.pid) or not record.alive()
     # No child of the postmaster (or anything else using the state folder) survives.
-    leftovers = [
-        p.info
-        for p in psutil.process_iter(["pid", "cmdline"])
-        if p.info["cmdline"] and any(str(tmp_path) in part for part in p.info["cmdline"])
-    ]
-    assert leftovers == []
+    assert processes_using(tmp_path) == []
     after = run_cli("local", "status", state=tmp_path)
     assert after.returncode == 1
     assert "stopped" in after.stdout
@@ -93,12 +97,7 @@ def test_up_with_spark_starts_a_cluster_that_down_stops(tmp_path: Path) -> None:
     assert down.returncode == 0, down.stderr
     assert down.stdout.startswith("stopped: spark, kafka, postgres")
     assert not any(record is not None and record.alive() for record in records)
-    leftovers = [
-        p.info
-        for p in psutil.process_iter(["pid", "cmdline"])
-        if p.info["cmdline"] and any(str(tmp_path) in part for part in p.info["cmdline"])
-    ]
-    assert leftovers == []
+    assert processes_using(tmp_path) == []
     # After `down`, the cluster is no longer part of the stack's status.
     after = run_cli("local", "status", state=tmp_path)
     assert after.returncode == 1
