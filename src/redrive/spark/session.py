@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -91,6 +92,13 @@ def spark_session(
     """
     from pyspark.sql import SparkSession
 
+    # PySpark 4.2 warns on every pandas 3 import that it "does not yet fully support"
+    # it. redrive.spark is written for pandas 3 (see the spark extra in pyproject) and
+    # its whole suite runs on this PySpark with it: the warning would only alarm users
+    # about the combination redrive supports.
+    warnings.filterwarnings(
+        "ignore", message="PySpark does not yet fully support pandas", category=FutureWarning
+    )
     # Python workers run the handlers: in this interpreter (its venv has redrive and
     # the user's code), not whatever `python3` is first on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
