@@ -372,6 +372,38 @@ def _relay_out_of_store(bootstrap: str, database_url: str, n: int) -> None:
                 time.sleep(0.005)
 
 
+def produce_paced(
+    bootstrap: str,
+    requests_topic: str,
+    destination: str,
+    rate: int,
+    seconds: int,
+    delay_ms: Callable[[], int],
+    each_second: Callable[[], object] = lambda: None,
+) -> None:
+    """`rate` retry requests per second for `seconds`, spread evenly over each second,
+    each due `delay_ms()` after it is sent; `each_second` is called after each second."""
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 2})
+    started = time.perf_counter()
+    for second in range(seconds):
+        batch_start = now_ms()
+        for i in range(rate):
+            headers = encode(
+                RetryHeaders(destination=destination, retry_at=batch_start + delay_ms())
+            )
+            producer.produce(
+                requests_topic, key=str(i).encode(), value=PAYLOAD[:256], headers=headers
+            )
+            if i % 200 == 0:
+                producer.poll(0)
+                # spread the second's requests evenly
+                ahead = (second + (i + 1) / rate) - (time.perf_counter() - started)
+                if ahead > 0:
+                    time.sleep(ahead)
+        each_second()
+    producer.flush(60)
+
+
 def precision(
     bootstrap: str,
     server_url: str,
@@ -392,29 +424,22 @@ def precision(
         reader = Reader(bootstrap, destination, n)
         reader.start()
         reader.ready.wait(30)
-        producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 2})
-        started = time.perf_counter()
-        for second in range(seconds):
-            batch_start = now_ms()
-            for i in range(rate):
-                headers = encode(
-                    RetryHeaders(
-                        destination=destination, retry_at=batch_start + rng.randrange(1000, 10_000)
-                    )
-                )
-                producer.produce(
-                    requests_topic, key=str(i).encode(), value=PAYLOAD[:256], headers=headers
-                )
-                if i % 200 == 0:
-                    producer.poll(0)
-                    # spread the second's requests evenly
-                    ahead = (second + (i + 1) / rate) - (time.perf_counter() - started)
-                    if ahead > 0:
-                        time.sleep(ahead)
-            service.sample_rss()
-        producer.flush(60)
+        produce_paced(
+            bootstrap,
+            requests_topic,
+            destination,
+            rate,
+            seconds,
+            lambda: rng.randrange(1000, 10_000),
+            each_second=service.sample_rss,
+        )
         reader.join(120)
-    lateness = sorted(reader.lateness)
+    return {**lateness_figures(reader.lateness, n), "rss_mb": service.peak_rss / 2**20}
+
+
+def lateness_figures(measured: list[int], n: int) -> dict[str, float]:
+    """Percentiles of arrival minus due time (ms), and how many came early."""
+    lateness = sorted(measured)
     if len(lateness) < n:
         raise RuntimeError(f"only {len(lateness)} of {n} arrived")
     return {
@@ -424,7 +449,6 @@ def precision(
         "max_ms": lateness[-1],
         "min_ms": lateness[0],
         "early": sum(1 for x in lateness if x < 0),
-        "rss_mb": service.peak_rss / 2**20,
     }
 
 

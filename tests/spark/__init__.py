@@ -17,9 +17,13 @@ from redrive.headers import Header
 from redrive.kafka import headers_of
 
 
-def create_topics(bootstrap: str, *names: str, partitions: int = 1) -> None:
+def create_topics(
+    bootstrap: str, *names: str, partitions: int = 1, config: dict[str, str] | None = None
+) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    futures = admin.create_topics([NewTopic(n, num_partitions=partitions) for n in names])
+    futures = admin.create_topics(
+        [NewTopic(n, num_partitions=partitions, config=config or {}) for n in names]
+    )
     for future in futures.values():
         future.result(timeout=30)
 

@@ -20,7 +20,7 @@ from redrive.headers import DEAD_LETTER_REASON, Header, RetryHeaders, encode
 from redrive.spark.scheduler import build_scheduler_query
 from redrive.spark.session import spark_session
 from tests.integration.service_harness import now_ms, produce, request_headers
-from tests.spark import TopicReader, create_topics, stop_spark, unique
+from tests.spark import Received, TopicReader, create_topics, stop_spark, unique
 
 pytestmark = pytest.mark.spark
 
@@ -71,6 +71,13 @@ class Scheduler:
     destinations: list[str]
     """Allowed destination topics, one per test, created before the query started
     (the scheduler, like the service, caches which topics exist)."""
+    small: str
+    """An allowed destination that accepts record batches of SMALL_TOPIC_BYTES at most."""
+    compacted: str
+    """An allowed destination with cleanup.policy=compact (no record without a key)."""
+
+
+SMALL_TOPIC_BYTES = 1024
 
 
 @pytest.fixture(scope="module")
@@ -78,9 +85,12 @@ def scheduler(
     spark: Any, bootstrap: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Scheduler]:
     requests, dlq = unique("requests"), unique("dlq")
-    destinations = [unique("ok-dest"), unique("ok-dest")]
+    destinations = [unique("ok-dest"), unique("ok-dest"), unique("ok-dest")]
     create_topics(bootstrap, requests, *destinations, partitions=2)
     create_topics(bootstrap, dlq)
+    small, compacted = unique("ok-small"), unique("ok-compacted")
+    create_topics(bootstrap, small, config={"max.message.bytes": str(SMALL_TOPIC_BYTES)})
+    create_topics(bootstrap, compacted, config={"cleanup.policy": "compact"})
     query = build_scheduler_query(
         spark,
         bootstrap=bootstrap,
@@ -91,7 +101,7 @@ def scheduler(
         trigger_interval="500 milliseconds",
     )
     wait_until_running(query)
-    yield Scheduler(query, bootstrap, requests, dlq, destinations)
+    yield Scheduler(query, bootstrap, requests, dlq, destinations, small, compacted)
     query.stop()
 
 
@@ -224,6 +234,96 @@ def test_invalid_requests_become_dead_letters_and_the_query_keeps_running(
         assert letter.headers == [*headers, (DEAD_LETTER_REASON, reason.encode())]
     [good] = reader.of(destination)
     assert good.key == b"good" and good.timestamp_ms >= due
+    assert scheduler.query.isActive and scheduler.query.exception() is None
+
+
+def test_a_key_leaves_in_due_order_across_batches(scheduler: Scheduler) -> None:
+    """Requests of one key arrive in the reverse of their due order, in two batches,
+    some due at once: the destination receives them in due order."""
+    destination = scheduler.destinations[2]
+    reader = TopicReader(scheduler.bootstrap, [destination])
+    start = now_ms()
+    due: dict[bytes, int] = {}  # value -> due time
+    due |= {str(i).encode(): start + 4_000 + (9 - i) * 150 for i in range(10)}
+    first = [
+        {"key": b"one-key", "value": value, "headers": request_headers(destination, at)}
+        for value, at in due.items()
+    ]
+    produce(scheduler.bootstrap, scheduler.requests_topic, first)
+    wait_for_requests(scheduler.query, requests_read(scheduler.query) + len(first))
+    # Due before some of the first ones, and one due already: it still waits its turn
+    # behind any of the key's messages due earlier.
+    again = {str(10 + i).encode(): start + 4_000 + i * 300 - 100 for i in range(3)}
+    due |= again
+    second = [
+        {"key": b"one-key", "value": value, "headers": request_headers(destination, at)}
+        for value, at in again.items()
+    ]
+    produce(scheduler.bootstrap, scheduler.requests_topic, second)
+    got = reader.wait_for(len(due), timeout_s=120)
+    reader.poll(1)
+    reader.close()
+
+    delivered = [m.value for m in got]
+    assert sorted(delivered) == sorted(due)
+    assert [due[v] for v in delivered] == sorted(due.values()), "not in due order"
+    assert all(m.timestamp_ms >= due[m.value] for m in got), "delivered before it was due"
+
+
+def test_what_the_destination_would_refuse_for_good_is_a_dead_letter(
+    scheduler: Scheduler,
+) -> None:
+    """Too large for the destination, or without a key for a compacted one: on arrival
+    and when a timer fires, the message is a dead letter with the reason, the others
+    are delivered, and the query keeps running (the Kafka sink would fail the batch,
+    and every batch after a restart)."""
+    small, compacted = scheduler.small, scheduler.compacted
+    reader = TopicReader(scheduler.bootstrap, [scheduler.dlq_topic, small, compacted])
+    now = now_ms()
+    later = now + 2_000
+    large = b"x" * (2 * SMALL_TOPIC_BYTES)
+    cases = [
+        (b"large-now", large, small, now),
+        (b"large-later", large, small, later),
+        (None, b"no key, now", compacted, now),
+        (None, b"no key, later", compacted, later),
+    ]
+    records: list[dict[str, Any]] = [
+        {"key": key, "value": value, "headers": request_headers(topic, due)}
+        for key, value, topic, due in cases
+    ]
+    records += [
+        {"key": b"fits", "value": b"y" * 100, "headers": request_headers(small, later)},
+        {"key": b"keyed", "value": b"z", "headers": request_headers(compacted, later)},
+    ]
+    produce(scheduler.bootstrap, scheduler.requests_topic, records)
+    ours = {key or value for key, value, _, _ in cases}  # the DLQ has other tests' too
+
+    def letters() -> dict[bytes | None, Received]:
+        found = {r.key or r.value: r for r in reader.of(scheduler.dlq_topic)}
+        return {name: r for name, r in found.items() if name in ours}
+
+    deadline = time.monotonic() + 120
+    while len(letters()) < len(ours) and time.monotonic() < deadline:
+        reader.poll(0.5)
+    reader.wait_for(1, timeout_s=60, topic=small)
+    reader.wait_for(1, timeout_s=60, topic=compacted)
+    reader.poll(1)
+    reader.close()
+
+    assert set(letters()) == ours
+    for key, value, topic, _ in cases:
+        letter = letters()[key or value]
+        assert letter.value == value
+        reason = dict(letter.headers)[DEAD_LETTER_REASON]
+        assert reason is not None and reason.startswith(b"delivery refused for good: ")
+        if key is None:
+            assert f"destination topic {topic!r} is compacted".encode() in reason
+        else:
+            assert f"than destination topic {topic!r} accepts".encode() in reason
+            assert f"(max.message.bytes {SMALL_TOPIC_BYTES})".encode() in reason
+    assert [m.key for m in reader.of(small)] == [b"fits"]
+    assert [m.key for m in reader.of(compacted)] == [b"keyed"]
     assert scheduler.query.isActive and scheduler.query.exception() is None
 
 

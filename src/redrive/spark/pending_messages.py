@@ -1,15 +1,16 @@
 """A retry request waiting in the Spark scheduler's state, and how it is kept there.
 
-The scheduler keeps each valid request in its group's ListState as one
+The scheduler keeps each valid request in its bucket's state as one
 :class:`PendingMessage` serialised to JSON bytes (binary parts in base64, headers as
-the retry service stores them), so that everything needed to deliver it survives a
-restart in the checkpoint.
+the retry service stores them), several to a state value (:func:`pack`), so that
+everything needed to deliver it survives a restart in the checkpoint.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from redrive.header_json import headers_as_json, headers_from_json
@@ -75,3 +76,14 @@ class PendingMessage:
         return cls(
             int(item["due"]), delivery, item["deadline"], (topic, int(partition), int(offset))
         )
+
+
+def pack(messages: Iterable[PendingMessage]) -> bytes:
+    """Several messages as one state value: their JSON, one per line (JSON text as
+    :meth:`PendingMessage.to_bytes` writes it has no line break)."""
+    return b"\n".join(message.to_bytes() for message in messages)
+
+
+def unpack(data: bytes) -> list[PendingMessage]:
+    """The messages :func:`pack` packed."""
+    return [PendingMessage.from_bytes(line) for line in data.split(b"\n")] if data else []

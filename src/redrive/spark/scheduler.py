@@ -3,21 +3,26 @@
 For users who outgrow one machine, this query does what ``redrive serve``'s intake and
 scheduler do, with Spark state instead of PostgreSQL:
 
-1. Read the requests topic (``includeHeaders``), and group the requests by
-   destination and message key (a request without a key is a group of its own), so
-   that a key's retries stay in one place and the work spreads over partitions.
+1. Read the requests topic (``includeHeaders``), and hash the requests into buckets
+   by destination and message key (a request without a key by its coordinates), so
+   that a key's retries stay in one place, the work spreads over partitions, and the
+   Python work is one call per bucket and batch, not one per key.
 2. In ``transformWithStateInPandas`` (:class:`RetryScheduler`), check each request
    with the retry service's own :func:`redrive.requests.classify`: the same
    header contract, destination allowlist, deadline and topic checks. An invalid
    request becomes a dead letter on the DLQ topic, with the request's headers and
    ``redrive-dead-letter-reason`` carrying the same reason text the service gives.
-3. Keep each valid request in the group's ``ListState`` (RocksDB state store) and
-   register a processing-time timer at its ``redrive-retry-at``. A request already
-   due is delivered at once.
-4. When a timer fires (``handleExpiredTimer``), deliver every message of the group
-   that is due: to its destination, with its original key, its ``redrive-partition``
-   when set, and its headers unchanged. One whose deadline passed while it waited,
-   or whose topic disappeared, is a dead letter instead.
+3. A request already due is delivered at once. Any other is filed in its bucket's
+   state by due second (:mod:`redrive.spark.due_index`), and the bucket keeps ONE
+   processing-time timer, at its earliest due time.
+4. When that timer fires (``handleExpiredTimer``), deliver every message of the bucket
+   that is due, in due order: to its destination, with its original key, its
+   ``redrive-partition`` when set, and its headers unchanged; then set the timer to
+   the next due time. One whose deadline passed while it waited, whose topic
+   disappeared, or that the destination's broker would refuse for good (too large
+   for the topic, no key for a compacted topic: see
+   :class:`~redrive.spark.scheduler_rules.DeliveryCheck`), is a dead letter instead,
+   and the query goes on.
 5. Deliveries and dead letters leave through ONE Kafka sink, each row naming its
    ``topic``. The query is checkpointed: Kafka offsets, state and timers survive a
    restart, and timers that came due while it was stopped fire on its first batch.
@@ -36,8 +41,9 @@ Delivery is at-least-once, as everywhere in redrive: a batch that fails half-way
 run again after a restart, which may deliver some messages twice, never zero times.
 
 Beside this module: :mod:`redrive.spark.scheduler_rules` (what requests are checked
-against, on the executors), :mod:`redrive.spark.pending_messages` (a message as it
-waits in state) and :mod:`redrive.spark.output` (the rows written).
+against, on the executors), :mod:`redrive.spark.due_index` (where a bucket files its
+messages), :mod:`redrive.spark.pending_messages` (a message as it waits in state) and
+:mod:`redrive.spark.output` (the rows written).
 """
 
 from __future__ import annotations
@@ -50,9 +56,10 @@ from redrive.errors import ConfigError
 from redrive.headers import DEAD_LETTER_REASON, Header
 from redrive.records import DeadLetterRecord
 from redrive.requests import Incoming, IntakeRules, classify
+from redrive.spark.due_index import DueIndex, slot_of
 from redrive.spark.output import OUTPUT_SCHEMA, OutputRecord, frame
-from redrive.spark.pending_messages import PendingMessage
-from redrive.spark.scheduler_rules import SchedulerRules
+from redrive.spark.pending_messages import PendingMessage, pack, unpack
+from redrive.spark.scheduler_rules import DeliveryCheck, SchedulerRules
 from redrive.spark.session import ROCKSDB_PROVIDER
 from redrive.topic_names import DLQ_TOPIC, REQUESTS_TOPIC
 
@@ -64,11 +71,19 @@ except ImportError:  # pragma: no cover - only without the extra
         """Stand-in so that this module imports without PySpark."""
 
 
-PENDING_STATE: Final = "pending"
-PENDING_SCHEMA: Final = "due_ms LONG, message BINARY"
-"""One pending message in the ListState: its due time, and the message as JSON."""
+SLOTS_STATE: Final = "slots"
+SLOT_KEY_SCHEMA: Final = "slot LONG"
+SLOT_VALUE_SCHEMA: Final = "messages BINARY"
+"""Pending messages by slot (packed): see :mod:`redrive.spark.due_index`."""
+INDEX_STATE: Final = "index"
+INDEX_SCHEMA: Final = "index BINARY"
+"""The bucket's :class:`~redrive.spark.due_index.DueIndex`."""
 
-TICK: Final = "redrive-tick"
+BUCKETS_PER_PARTITION: Final = 4
+"""Buckets per shuffle partition unless told otherwise: a task runs its buckets one
+after the other, so more buckets than partitions only add calls per batch, but a few
+more even out how Spark's hash spreads them over the partitions."""
+TICK_BUCKET: Final = -1
 """The grouping key of the one tick row per micro-batch (see scheduler_dataframe)."""
 
 
@@ -110,20 +125,24 @@ def _optional_bytes(value: Any) -> bytes | None:
 
 
 class RetryScheduler(StatefulProcessor):
-    """Per group of requests: check, keep until due, deliver (see the module docstring).
+    """Per bucket of requests: check, keep until due, deliver (see the module docstring).
 
-    State: ``pending``, a ListState of (due_ms, message) rows; timers: one per
-    distinct due time. Both live in the RocksDB state store and its checkpoint.
+    State, in the RocksDB state store and its checkpoint: ``slots``, a MapState from
+    slot to packed pending messages, and ``index``, the bucket's
+    :class:`~redrive.spark.due_index.DueIndex` (which slots hold what, and the one
+    timer, at the earliest due time).
     """
 
     def __init__(self, rules: SchedulerRules) -> None:
         self.rules = rules
         self._intake: IntakeRules | None = None
+        self._check: DeliveryCheck | None = None
 
     def init(self, handle: Any) -> None:
         # Also called on the driver, only to learn the state schema: no clients here.
         self.handle = handle
-        self.pending = handle.getListState(PENDING_STATE, PENDING_SCHEMA)
+        self.slots = handle.getMapState(SLOTS_STATE, SLOT_KEY_SCHEMA, SLOT_VALUE_SCHEMA)
+        self.index = handle.getValueState(INDEX_STATE, INDEX_SCHEMA)
 
     @property
     def intake(self) -> IntakeRules:
@@ -131,20 +150,82 @@ class RetryScheduler(StatefulProcessor):
             self._intake = self.rules.intake_rules()
         return self._intake
 
+    @property
+    def check(self) -> DeliveryCheck:
+        if self._check is None:
+            self._check = self.rules.delivery_check()
+        return self._check
+
+    # ------------------------------------------------------------------ the index
+
+    def _load_index(self) -> tuple[DueIndex, bool]:
+        """The bucket's index, and whether the state store has one yet."""
+        stored = self.index.get()
+        if stored is None:
+            return DueIndex(), False
+        return DueIndex.from_bytes(bytes(stored[0])), True
+
+    def _save_index(self, index: DueIndex) -> None:
+        """Store the index, and move the bucket's timer to where it says. An empty
+        index is stored too, not cleared: reading a missing value makes Spark's state
+        server log a warning, every batch, for every bucket without pending messages."""
+        change = index.arm()
+        if change.delete is not None:
+            self.handle.deleteTimer(change.delete)
+        if change.register is not None:
+            self.handle.registerTimer(change.register)
+        self.index.update((index.to_bytes(),))
+
+    def _slot(self, slot: int) -> bytes:
+        """The packed messages of a slot the index says is occupied."""
+        stored = self.slots.getValue((slot,))
+        if stored is None:  # the index and the slots are written in the same batch
+            raise RuntimeError(f"scheduler state: the index has slot {slot}, the slots not")
+        return bytes(stored[0])
+
+    # ----------------------------------------------------------------- delivering
+
+    def _deliver(self, messages: list[PendingMessage], now: int) -> list[OutputRecord]:
+        """Due messages as output rows, in due order (so a key's leave in its order);
+        one that expired, lost its topic or would be refused for good, as a dead
+        letter."""
+        out: list[OutputRecord] = []
+        dlq = self.rules.dlq_topic
+        for message in sorted(messages, key=lambda m: (m.due_ms, m.request)):
+            delivery = message.delivery
+            if message.deadline_ms is not None and message.deadline_ms < now:
+                out.append(dlq_record(delivery, _expired(message), dlq))
+            elif self.intake.partitions_of(delivery.topic) is None:
+                out.append(dlq_record(delivery, _gone(message), dlq))
+            elif (
+                refusal := self.check.refusal(delivery, compressed=self.rules.compressed)
+            ) is not None:
+                out.append(dlq_record(delivery, f"delivery refused for good: {refusal}", dlq))
+            else:
+                out.append(delivery)
+        return out
+
+    # ------------------------------------------------------------------ new input
+
     def handleInputRows(  # noqa: N802 - PySpark's method name
         self,
         key: Any,
         rows: Iterator[Any],
         timerValues: Any,  # noqa: N803
     ) -> Iterator[Any]:
-        if key[-1] == TICK:  # only there to make the batch run (see scheduler_dataframe)
+        if key[0] == TICK_BUCKET:  # only there to make the batch run (see scheduler_dataframe)
             for _ in rows:
                 pass
             yield frame([])
             return
         now = int(timerValues.getCurrentProcessingTimeInMs())
+        index, stored = self._load_index()
+        # A timer due in this batch fires after the input is handled: messages that
+        # are due already join it, so that a key's messages still leave in due order.
+        deliver_now = index.timer is None or index.timer > now
         out: list[OutputRecord] = []
-        waiting: list[tuple[int, bytes]] = []
+        due: list[PendingMessage] = []
+        later: dict[int, list[PendingMessage]] = {}
         for pdf in rows:
             for topic, partition, offset, msg_key, value, headers in zip(
                 pdf["topic"],
@@ -166,15 +247,24 @@ class RetryScheduler(StatefulProcessor):
                 result = classify(request, self.intake, now)
                 if isinstance(result, DeadLetterRecord):
                     out.append(dlq_record(result, result.reason, self.rules.dlq_topic))
-                elif result.due_ms <= now:
-                    out.append(PendingMessage.of(result).delivery)
+                elif result.due_ms <= now and deliver_now:
+                    due.append(PendingMessage.of(result))
                 else:
-                    waiting.append((result.due_ms, PendingMessage.of(result).to_bytes()))
-        if waiting:
-            self.pending.appendList(waiting)
-            for due in sorted({due for due, _ in waiting}):
-                self.handle.registerTimer(due)
+                    later.setdefault(slot_of(result.due_ms), []).append(PendingMessage.of(result))
+        out += self._deliver(due, now)
+        for slot, messages in later.items():
+            packed = pack(messages)
+            earliest = min(m.due_ms for m in messages)
+            if slot in index.slots:  # append: packed messages are lines
+                packed = self._slot(slot) + b"\n" + packed
+                earliest = min(earliest, index.slots[slot])
+            self.slots.updateValue((slot,), (packed,))
+            index.file(slot, earliest)
+        if later or not stored:
+            self._save_index(index)
         yield frame(out)
+
+    # ---------------------------------------------------------------- timer fired
 
     def handleExpiredTimer(  # noqa: N802 - PySpark's method name
         self,
@@ -183,29 +273,20 @@ class RetryScheduler(StatefulProcessor):
         expiredTimerInfo: Any,  # noqa: N803
     ) -> Iterator[Any]:
         now = int(timerValues.getCurrentProcessingTimeInMs())
+        index, _ = self._load_index()
+        index.fired(int(expiredTimerInfo.getExpiryTimeInMs()))
         due: list[PendingMessage] = []
-        keep: list[tuple[int, bytes]] = []
-        for due_ms, data in self.pending.get():
-            if int(due_ms) <= now:
-                due.append(PendingMessage.from_bytes(bytes(data)))
+        for slot in index.due_slots(now):
+            messages = unpack(self._slot(slot))
+            rest = [m for m in messages if m.due_ms > now]
+            due += [m for m in messages if m.due_ms <= now]
+            if rest:
+                self.slots.updateValue((slot,), (pack(rest),))
             else:
-                keep.append((int(due_ms), bytes(data)))
-        if not due:  # a second timer of the same group, its message already delivered
-            yield frame([])
-            return
-        if keep:
-            self.pending.put(keep)
-        else:
-            self.pending.clear()
-        out: list[OutputRecord] = []
-        for message in sorted(due, key=lambda m: (m.due_ms, m.request)):
-            if message.deadline_ms is not None and message.deadline_ms < now:
-                out.append(dlq_record(message.delivery, _expired(message), self.rules.dlq_topic))
-            elif self.intake.partitions_of(message.delivery.topic) is None:
-                out.append(dlq_record(message.delivery, _gone(message), self.rules.dlq_topic))
-            else:
-                out.append(message.delivery)
-        yield frame(out)
+                self.slots.removeKey((slot,))
+            index.file(slot, min((m.due_ms for m in rest), default=None))
+        self._save_index(index)
+        yield frame(self._deliver(due, now))
 
     def close(self) -> None:
         pass
@@ -222,12 +303,30 @@ def _ensure_topics(admin_config: Mapping[str, str], topics: Mapping[str, int]) -
         ensure_topic(admin, topic, partitions, {})
 
 
+def _request_size_limit(admin_config: Mapping[str, str], requests_topic: str) -> int:
+    """The producer size limit for messages read from ``requests_topic``."""
+    from confluent_kafka.admin import AdminClient
+
+    from redrive.sizes import producer_size_limit
+
+    admin = AdminClient(with_client_logs(admin_config))
+    return producer_size_limit(admin, [requests_topic])["message.max.bytes"]
+
+
 def scheduler_dataframe(
     requests: Any,
     rules: SchedulerRules,
+    *,
+    buckets: int | None = None,
 ) -> Any:
     """The scheduler's transformation: requests (a Kafka source DataFrame read with
     ``includeHeaders``) in, a DataFrame in the Kafka sink's shape out.
+
+    Requests are grouped into ``buckets`` by a hash of destination and key (a request
+    without a key by its coordinates: it has no order to keep), so that a key's
+    requests are always in the same bucket and the Python work is one call per bucket
+    and batch, not one per key. ``buckets`` defaults to :data:`BUCKETS_PER_PARTITION`
+    times ``spark.sql.shuffle.partitions``.
 
     One tick row per micro-batch (the ``rate-micro-batch`` source) is mixed into the
     requests. Spark runs a micro-batch without new input only when the previous batch
@@ -237,14 +336,16 @@ def scheduler_dataframe(
     """
     from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
 
+    if buckets is None:
+        partitions = int(requests.sparkSession.conf.get("spark.sql.shuffle.partitions"))
+        buckets = BUCKETS_PER_PARTITION * partitions
     destination = F.expr(
         "try_element_at(filter(headers, h -> h.key = 'redrive-destination'), -1).value"
     )
-    # A request without a key has no order to keep: its own group (by coordinates).
     unkeyed = F.when(F.col("key").isNull(), F.format_string("%d:%d", "partition", "offset"))
+    bucket = F.pmod(F.xxhash64(destination, F.col("key"), unkeyed), F.lit(buckets)).cast("int")
     columns = {
-        "destination": "binary",
-        "unkeyed": "string",
+        "bucket": "int",
         "key": "binary",
         "topic": "string",
         "partition": "int",
@@ -252,23 +353,19 @@ def scheduler_dataframe(
         "value": "binary",
         "headers": "array<struct<key: string, value: binary>>",
     }
-    requests = requests.select(
-        destination.alias("destination"),
-        unkeyed.alias("unkeyed"),
-        *[name for name in columns if name not in ("destination", "unkeyed")],
-    )
+    requests = requests.select(bucket.alias("bucket"), *[c for c in columns if c != "bucket"])
     ticks = (
         requests.sparkSession.readStream.format("rate-micro-batch")
         .option("rowsPerBatch", 1)
         .load()
         .select(
             *[
-                (F.lit(TICK) if name == "unkeyed" else F.lit(None)).cast(kind).alias(name)
+                (F.lit(TICK_BUCKET) if name == "bucket" else F.lit(None)).cast(kind).alias(name)
                 for name, kind in columns.items()
             ]
         )
     )
-    grouped = requests.unionByName(ticks).groupBy("destination", "key", "unkeyed")
+    grouped = requests.unionByName(ticks).groupBy("bucket")
     return grouped.transformWithStateInPandas(
         statefulProcessor=RetryScheduler(rules),
         outputStructType=OUTPUT_SCHEMA,
@@ -293,6 +390,7 @@ def build_scheduler_query(
     max_offsets_per_trigger: int | None = 10_000,
     create_topics: bool = True,
     query_name: str | None = "redrive-scheduler",
+    buckets: int | None = None,
 ) -> Any:
     """Start the scheduler query; returns the ``StreamingQuery``.
 
@@ -304,9 +402,15 @@ def build_scheduler_query(
     ``admin_config`` librdkafka settings for topic metadata lookups (default: the
     bootstrap only). With ``create_topics`` the requests and DLQ topics are created
     when missing. ``max_offsets_per_trigger`` bounds a micro-batch, so that a backlog
-    of requests does not hold up the timers for long. The session must use the
-    RocksDB state store provider (as :func:`redrive.spark.session.spark_session` does).
+    of requests does not hold up the timers for long. ``buckets`` is how many groups
+    the requests are hashed into (by destination and key): the query's parallelism is
+    at most that, and each bucket costs a few state calls per batch; the default is
+    :data:`BUCKETS_PER_PARTITION` per shuffle partition. A checkpoint remembers it:
+    changing it needs a new checkpoint. The session must use the RocksDB state store provider (as
+    :func:`redrive.spark.session.spark_session` does).
     """
+    if buckets is not None and buckets < 1:
+        raise ConfigError("buckets", f"must be at least 1, got {buckets}")
     provider = spark.conf.get("spark.sql.streaming.stateStore.providerClass", None)
     if provider != ROCKSDB_PROVIDER:
         raise ConfigError(
@@ -315,17 +419,22 @@ def build_scheduler_query(
             f"set it to {ROCKSDB_PROVIDER} (redrive.spark.spark_session does)",
         )
     admin = {"bootstrap.servers": bootstrap, **(admin_config or {})}
+    extra = dict(kafka_options or {})
     rules = SchedulerRules.checked(
         requests_topic=requests_topic,
         dlq_topic=dlq_topic,
         allowed_destinations=allowed_destinations,
         max_delay_days=max_delay_days,
         admin_config=admin,
+        compressed=extra.get("kafka.compression.type", "none") not in ("none", ""),
     )
     if create_topics:
         # As `redrive serve` creates them: the requests topic with 6 partitions.
         _ensure_topics(admin, {requests_topic: 6, dlq_topic: 1})
-    extra = dict(kafka_options or {})
+    # Whatever the requests topic accepted, the sink's producer can send (the Java
+    # producer's own limit, 1 MiB, is below Kafka's default topic limit): only the
+    # destination's broker judges a message's size, and DeliveryCheck knows its limit.
+    extra.setdefault("kafka.max.request.size", str(_request_size_limit(admin, requests_topic)))
     reader = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", bootstrap)
@@ -337,7 +446,7 @@ def build_scheduler_query(
     if max_offsets_per_trigger is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
     writer = (
-        scheduler_dataframe(reader.load(), rules)
+        scheduler_dataframe(reader.load(), rules, buckets=buckets)
         .writeStream.format("kafka")
         .option("kafka.bootstrap.servers", bootstrap)
         .options(**extra)

@@ -2,7 +2,11 @@
 
 The rules are built and checked on the driver, then shipped to the executors with
 the query: the destination allowlist and delay limit of ``redrive serve``, and topic
-metadata from one admin client per Python worker.
+metadata from one admin client per Python worker: partition counts, and the limits a
+destination's broker enforces for good (:class:`DeliveryCheck`). The Kafka sink has no
+per-record answer: a record the broker refuses fails the whole batch, and the same
+batch would fail again after every restart. So what the broker would refuse for good
+is found before writing, and becomes a dead letter instead.
 """
 
 from __future__ import annotations
@@ -13,11 +17,20 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
+import structlog
+
 from redrive.client_logs import with_client_logs
 from redrive.destinations import DestinationAllowlist, check_patterns
 from redrive.errors import ConfigError
 from redrive.headers import is_topic_name
 from redrive.requests import IntakeRules
+from redrive.sizes import TopicLimits, single_record_batch_size, topic_limits
+from redrive.spark.output import OutputRecord
+
+log = structlog.get_logger("redrive.spark.scheduler")
+
+LIMITS_TTL_S: Final = 30.0
+"""How long a destination's limits are trusted before they are read again."""
 
 METADATA_WAIT_S: Final = 120.0
 """How long a batch waits for the broker to answer topic metadata before failing."""
@@ -38,6 +51,8 @@ class SchedulerRules:
     max_delay_ms: int
     admin_config: tuple[tuple[str, str], ...]
     """librdkafka settings of the client that looks up topic metadata."""
+    compressed: bool = False
+    """The sink compresses: a record's size is not known before it is sent."""
 
     @classmethod
     def checked(
@@ -48,6 +63,7 @@ class SchedulerRules:
         allowed_destinations: Sequence[str],
         max_delay_days: float,
         admin_config: Mapping[str, str],
+        compressed: bool = False,
     ) -> SchedulerRules:
         """The rules, or a ConfigError naming the first argument that is wrong."""
         for name, topic in (("requests_topic", requests_topic), ("dlq_topic", dlq_topic)):
@@ -65,7 +81,13 @@ class SchedulerRules:
             allowed_destinations=tuple(allowed_destinations),
             max_delay_ms=int(max_delay_days * 86_400_000),
             admin_config=tuple(sorted(admin_config.items())),
+            compressed=compressed,
         )
+
+    def delivery_check(self) -> DeliveryCheck:
+        """Whether a destination's broker would refuse a message for good (this
+        worker's cache of topic limits)."""
+        return _delivery_check(self.admin_config)
 
     def intake_rules(self) -> IntakeRules:
         """The rules for :func:`classify`: the service's allowlist and topic metadata
@@ -112,3 +134,75 @@ def _partitions_lookup(config: tuple[tuple[str, str], ...]) -> Callable[[str], i
 
             lookup = _lookups[config] = partitions_of
         return lookup
+
+
+class DeliveryCheck:
+    """Would the destination's broker refuse this message for good? Two refusals are
+    known before sending: a record batch above the topic's ``max.message.bytes`` (the
+    record alone, uncompressed: the Kafka sink compresses only if told to, and then
+    this check is off, see :meth:`refusal`), and a record without a key on a compacted
+    topic. Limits are read with DescribeConfigs, cached for :data:`LIMITS_TTL_S`; a
+    topic whose limits cannot be read is not checked (and that is logged once)."""
+
+    def __init__(self, read: Callable[[str], TopicLimits | Exception]) -> None:
+        self._read = read
+        self._cache: dict[str, tuple[float, TopicLimits | None]] = {}
+        self._lock = threading.Lock()
+
+    def limits(self, topic: str) -> TopicLimits | None:
+        with self._lock:
+            cached = self._cache.get(topic)
+            if cached is not None and time.monotonic() - cached[0] < LIMITS_TTL_S:
+                return cached[1]
+            found = self._read(topic)
+            if isinstance(found, Exception):
+                if cached is None:
+                    log.warning(
+                        "cannot read the destination's limits; its messages are sent "
+                        "unchecked, and one it refuses fails the batch",
+                        topic=topic,
+                        error=str(found),
+                    )
+                limits = None
+            else:
+                limits = found
+            self._cache[topic] = (time.monotonic(), limits)
+            return limits
+
+    def refusal(self, message: OutputRecord, *, compressed: bool = False) -> str | None:
+        """Why the broker of ``message.topic`` would refuse it for good, or None."""
+        limits = self.limits(message.topic)
+        if limits is None:
+            return None
+        if message.key is None and limits.compacted:
+            return f"destination topic {message.topic!r} is compacted and the message has no key"
+        if not compressed:
+            size = single_record_batch_size(message.key, message.value, message.headers)
+            if size > limits.max_message_bytes:
+                return (
+                    f"message of {size} bytes is larger than destination topic "
+                    f"{message.topic!r} accepts (max.message.bytes {limits.max_message_bytes})"
+                )
+        return None
+
+
+_checks: dict[tuple[tuple[str, str], ...], DeliveryCheck] = {}
+
+
+def _delivery_check(config: tuple[tuple[str, str], ...]) -> DeliveryCheck:
+    """One DeliveryCheck per Python worker and admin configuration."""
+    with _lookups_lock:
+        check = _checks.get(config)
+        if check is None:
+            from confluent_kafka.admin import AdminClient
+
+            admin = AdminClient(with_client_logs(dict(config)))
+
+            def read(topic: str) -> TopicLimits | Exception:
+                try:
+                    return topic_limits(admin, [topic]).get(topic, KeyError(topic))
+                except Exception as exc:  # noqa: BLE001 - any failure: unchecked, logged
+                    return exc
+
+            check = _checks[config] = DeliveryCheck(read)
+        return check

@@ -27,6 +27,7 @@ from typing import Any, Final
 from redrive import jars
 
 CONNECTOR_POM: Final = "spark-kafka-pom.xml"
+PANDAS_3_WARNING: Final = "PySpark does not yet fully support pandas"
 ROCKSDB_PROVIDER: Final = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 # Artifact name prefixes of the connector jars PySpark does not ship itself.
@@ -74,6 +75,8 @@ def default_conf(*, shuffle_partitions: int = 2) -> dict[str, str]:
         "spark.sql.session.timeZone": "UTC",
         "spark.driver.host": "127.0.0.1",
         "spark.driver.bindAddress": "127.0.0.1",
+        # The Python workers: without PySpark's pandas-3 warning (see spark_session).
+        "spark.executorEnv.PYTHONWARNINGS": f"ignore:{PANDAS_3_WARNING}:FutureWarning",
     }
 
 
@@ -96,9 +99,7 @@ def spark_session(
     # it. redrive.spark is written for pandas 3 (see the spark extra in pyproject) and
     # its whole suite runs on this PySpark with it: the warning would only alarm users
     # about the combination redrive supports.
-    warnings.filterwarnings(
-        "ignore", message="PySpark does not yet fully support pandas", category=FutureWarning
-    )
+    warnings.filterwarnings("ignore", message=PANDAS_3_WARNING, category=FutureWarning)
     # Python workers run the handlers: in this interpreter (its venv has redrive and
     # the user's code), not whatever `python3` is first on PATH.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
