@@ -17,6 +17,9 @@ Then produce to `orders`, e.g. `{"id": 1}`, `{"id": 2, "declined_until_attempt":
 or `not json`, and watch `orders.charged`. Ctrl-C stops; the checkpoint folder
 (EXAMPLE_CHECKPOINT, default /tmp/redrive-spark-example) lets it resume where it was.
 REDRIVE_BOOTSTRAP overrides the broker, REDRIVE_REQUESTS_TOPIC the requests topic.
+EXAMPLE_TOPIC_PREFIX goes before every topic name (`try1.` gives `try1.orders`,
+`try1.orders.charged`, `try1.redrive.requests`, `try1.redrive.dlq`), so that runs on
+a shared broker keep to their own topics (tests/spark/test_example.py does that).
 """
 
 from __future__ import annotations
@@ -50,13 +53,18 @@ def charge(key: bytes | None, value: bytes | None, headers: list[Header], attemp
 
 def main() -> None:
     bootstrap = os.environ.get("REDRIVE_BOOTSTRAP") or LocalStack().status().bootstrap
-    requests_topic = os.environ.get("REDRIVE_REQUESTS_TOPIC", "redrive.requests")
+    prefix = os.environ.get("EXAMPLE_TOPIC_PREFIX", "")
+    orders, charged = f"{prefix}orders", f"{prefix}orders.charged"
+    requests_topic = os.environ.get("REDRIVE_REQUESTS_TOPIC", f"{prefix}redrive.requests")
+    dlq_topic = f"{prefix}redrive.dlq"  # with --with-scheduler: where dead letters land
     checkpoint = Path(os.environ.get("EXAMPLE_CHECKPOINT", "/tmp/redrive-spark-example"))  # noqa: S108
     with_scheduler = "--with-scheduler" in sys.argv[1:]
 
-    # The pipeline writes to these; Kafka sinks do not create topics.
+    # Kafka sinks do not create topics: the pipeline's source, output and requests topic
+    # must exist before its first batch. The DLQ topic is the scheduler's (or the retry
+    # service's): build_scheduler_query creates it, and the requests topic, if missing.
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    wanted = [NewTopic("orders", 3), NewTopic("orders.charged", 3), NewTopic(requests_topic, 6)]
+    wanted = [NewTopic(orders, 3), NewTopic(charged, 3), NewTopic(requests_topic, 6)]
     for future in admin.create_topics(wanted).values():
         with contextlib.suppress(KafkaException):  # it may exist already
             future.result(30)
@@ -65,11 +73,11 @@ def main() -> None:
     pipeline = start_pipeline(
         spark,
         bootstrap,
-        ["orders"],
+        [orders],
         charge,
         policy="5s x3, 1m x2",  # 5s, 5s, 5s, 1m, 1m: six attempts in all
         retry_on=[PaymentDeclined],  # anything else is fatal: straight to the dead letters
-        output_topic="orders.charged",
+        output_topic=charged,
         group="billing",
         requests_topic=requests_topic,
         checkpoint=str(checkpoint / "pipeline"),
@@ -80,12 +88,12 @@ def main() -> None:
             spark,
             bootstrap=bootstrap,
             requests_topic=requests_topic,
-            dlq_topic="redrive.dlq",
-            allowed_destinations=["orders"],  # a request may only send messages back here
+            dlq_topic=dlq_topic,
+            allowed_destinations=[orders],  # a request may only send messages back here
             checkpoint=str(checkpoint / "scheduler"),
         )
         queries.append(scheduler)
-    print(f"running on {bootstrap}: orders -> orders.charged; Ctrl-C stops", flush=True)
+    print(f"running on {bootstrap}: {orders} -> {charged}; Ctrl-C stops", flush=True)
     try:
         run_until_stopped(queries)  # Ctrl-C or SIGTERM stops them; a failed query raises
     finally:

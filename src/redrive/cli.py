@@ -12,6 +12,8 @@ import typer
 
 from redrive import __version__
 from redrive.errors import ConfigError, RedriveError
+from redrive.spark.pipeline_command import Broker
+from redrive.spark.pipeline_command import command as pipeline_command
 
 if TYPE_CHECKING:
     from redrive.local import LocalStack, StackStatus
@@ -32,6 +34,12 @@ token_app = typer.Typer(help="API tokens for the retry service (viewer or operat
 app.add_typer(token_app, name="token")
 policy_app = typer.Typer(help="Retry policies: what happens to a message that keeps failing.")
 app.add_typer(policy_app, name="policy")
+spark_app = typer.Typer(
+    help="redrive on Spark Structured Streaming: a pipeline and the retry scheduler "
+    "(needs the spark extra).",
+    no_args_is_help=True,
+)
+app.add_typer(spark_app, name="spark")
 
 StateDir = Annotated[
     Path | None,
@@ -182,7 +190,22 @@ ConfigOption = Annotated[
 ]
 
 
-@app.command("spark-scheduler")
+def _spark_broker(config: Path | None, bootstrap: str | None) -> tuple[ServiceSettings, str]:
+    """The Spark commands' Kafka: the retry service's settings (--config, REDRIVE_*),
+    with --bootstrap over them; no bootstrap anywhere: the local stack's broker,
+    started if needed."""
+    from redrive.service.config import load_settings
+
+    settings = load_settings(config, bootstrap=bootstrap)
+    resolved = settings.bootstrap
+    if resolved is None:
+        from redrive.local import LocalStack
+
+        resolved = LocalStack().up(postgres=False).bootstrap
+    return settings, resolved
+
+
+@spark_app.command("scheduler")
 def spark_scheduler(
     checkpoint: Annotated[
         Path, typer.Option(help="Checkpoint folder: pending retries survive restarts there.")
@@ -202,17 +225,11 @@ def spark_scheduler(
     allowed destinations, max delay); pending retries are kept in RocksDB state with
     processing-time timers. See docs/spark.md.
     """
-    from redrive.service.config import load_settings
     from redrive.spark.scheduler import run_scheduler
 
-    settings = load_settings(config, bootstrap=bootstrap)
-    resolved = settings.bootstrap
-    if resolved is None:
-        from redrive.local import LocalStack
-
-        resolved = LocalStack().up(postgres=False).bootstrap
+    settings, resolved = _spark_broker(config, bootstrap)
     typer.echo(
-        f"redrive spark-scheduler: kafka {resolved}, requests topic "
+        f"redrive spark scheduler: kafka {resolved}, requests topic "
         f"{settings.requests_topic}, checkpoint {checkpoint}"
     )
     run_scheduler(
@@ -227,6 +244,22 @@ def spark_scheduler(
         admin_config=settings.kafka,
         master=master,
     )
+
+
+# The command's name before `redrive spark`, kept for scripts that use it.
+app.command("spark-scheduler", hidden=True)(spark_scheduler)
+
+
+def _pipeline_broker(bootstrap: str | None) -> Broker:
+    """`redrive spark pipeline`'s broker, found as `redrive spark scheduler` finds its."""
+    settings, resolved = _spark_broker(None, bootstrap)
+    return Broker(resolved, settings.kafka)
+
+
+# `redrive spark pipeline`: its options are declared once, in redrive.spark.pipeline_command,
+# which is spark-submit's main file too. (redrive.spark imports without the spark extra;
+# running the command without it says which extra it needs.)
+spark_app.command("pipeline")(pipeline_command(_pipeline_broker))
 
 
 @token_app.command("create")

@@ -1,5 +1,5 @@
-"""`redrive spark-scheduler` as an operator runs it: a process that delivers when due
-and stops cleanly on SIGTERM."""
+"""`redrive spark scheduler` as an operator runs it: a process that delivers when due
+and stops cleanly on SIGTERM. Its former name, `redrive spark-scheduler`, still works."""
 
 from __future__ import annotations
 
@@ -35,7 +35,8 @@ def test_spark_scheduler_command_delivers_and_stops_on_sigterm(
                 sys.executable,
                 "-m",
                 "redrive.cli",
-                "spark-scheduler",
+                "spark",
+                "scheduler",
                 "--checkpoint",
                 str(tmp_path / "checkpoint"),
             ],
@@ -60,3 +61,21 @@ def test_spark_scheduler_command_delivers_and_stops_on_sigterm(
         code = proc.wait(60)
     assert code == 0, log_path.read_text()[-3000:]
     assert f"requests topic {requests_topic}" in log_path.read_text()
+
+
+def test_the_former_name_spark_scheduler_is_the_same_command() -> None:
+    def help_of(*command: str) -> str:
+        result = subprocess.run(
+            [sys.executable, "-m", "redrive.cli", *command, "--help"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
+        return result.stdout
+
+    # The same options and text; only the usage line names the command differently.
+    assert help_of("spark-scheduler") == help_of("spark", "scheduler").replace(
+        "spark scheduler", "spark-scheduler"
+    )
+    assert "spark-scheduler" not in help_of()  # hidden: the docs name `redrive spark scheduler`

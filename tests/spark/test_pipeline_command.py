@@ -1,0 +1,282 @@
+"""`redrive spark pipeline MODULE:HANDLER ...` as a user runs it: a process that routes
+each outcome where the pipeline says and stops cleanly on SIGTERM; the same command as
+spark-submit's main file on a standalone cluster; and its mistakes, each one line
+naming the option, in a second and without starting Spark.
+
+The handlers are in tests/spark/pipeline_handlers.py, named as the command line names
+them: `tests.spark.pipeline_handlers:handle` from the repository's root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+import redrive.spark.pipeline_command
+from redrive.headers import decode
+from redrive.local.spark_cluster import LocalSparkCluster
+from redrive.spark import connector_jars
+from tests.integration.service_harness import produce
+from tests.spark import TopicReader
+
+pytestmark = pytest.mark.spark
+
+REPO = Path(__file__).resolve().parents[2]
+HANDLERS = "tests.spark.pipeline_handlers"
+PIPELINE_FILE = redrive.spark.pipeline_command.__file__
+SPARK_SUBMIT = Path(sys.executable).with_name("spark-submit")  # pip's PySpark puts it there
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """This environment without redrive's settings, and without the variables through
+    which PySpark would think it runs under spark-submit."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("REDRIVE_", "PYSPARK_", "SPARK_", "_PYSPARK"))
+    }
+    return {**env, **extra}
+
+
+def redrive_spark_pipeline(*args: str) -> list[str]:
+    return [sys.executable, "-m", "redrive.cli", "spark", "pipeline", *args]
+
+
+def pipeline_options(
+    bootstrap: str, source: str, output: str, requests: str, checkpoint: Path, handlers: str
+) -> list[str]:
+    return [
+        *("--source", source, "--output", output, "--requests-topic", requests),
+        *("--group", "billing", "--policy", "1s x3", "--checkpoint", str(checkpoint)),
+        *("--retry-on", f"{handlers}.Declined", "--fatal-on", "ValueError"),
+        *("--trigger", "500 milliseconds", "--bootstrap", bootstrap),
+    ]
+
+
+def produce_the_three_cases(bootstrap: str, source: str) -> None:
+    produce(
+        bootstrap,
+        source,
+        [{"key": value, "value": value} for value in (b"fine", b"declined", b"broken")],
+    )
+
+
+def wait_for_outcomes(
+    reader: TopicReader, output: str, requests: str, process: subprocess.Popen[bytes], log: Path
+) -> None:
+    """Until the result and the two requests are in, with a deadline; fail at once if
+    the command exits."""
+    deadline = time.monotonic() + 240
+    while len(reader.of(output)) < 1 or len(reader.of(requests)) < 2:
+        if process.poll() is not None:
+            pytest.fail(f"the command exited ({process.returncode}):\n{tail(log)}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"no result and two requests within 240 s:\n{tail(log)}")
+        reader.poll(0.5)
+
+
+def check_outcomes(
+    reader: TopicReader, source: str, output: str, requests: str, handlers: str
+) -> None:
+    """The success on the output topic; the retryable failure and the fatal one on the
+    requests topic, with the contract's headers."""
+    assert [(m.key, m.value) for m in reader.of(output)] == [
+        (b"fine", b"handled fine at attempt 1")
+    ]
+    by_key = {m.key: m for m in reader.of(requests)}
+    assert set(by_key) == {b"declined", b"broken"}
+    retry, retry_user_headers = decode(by_key[b"declined"].headers)
+    assert retry_user_headers == []
+    assert by_key[b"declined"].value == b"declined"  # the record itself, untouched
+    assert retry.send_to == "retry"
+    assert retry.destination == source
+    assert retry.attempt == 1
+    assert retry.group == "billing"
+    assert (retry.original_topic, retry.original_offset) == (source, 1)
+    assert retry.error_type == f"{handlers}.Declined"
+    assert retry.error_message == "declined at attempt 1"
+    assert retry.original_timestamp is not None
+    assert retry.retry_at >= retry.original_timestamp + 1_000  # "1s x3": 1 s after it failed
+    dead, _ = decode(by_key[b"broken"].headers)
+    assert dead.send_to == "dlq"
+    assert dead.reason is not None and dead.reason.startswith("fatal error: ValueError")
+    assert (dead.original_topic, dead.original_offset) == (source, 2)
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    with contextlib.suppress(OSError):
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    return "(no log)"
+
+
+def test_the_command_routes_each_outcome_and_stops_on_sigterm(
+    bootstrap: str, new_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    source, output, requests = new_topic("cmd-orders"), new_topic("cmd-out"), new_topic("cmd-req")
+    log = tmp_path / "pipeline.log"
+    options = pipeline_options(bootstrap, source, output, requests, tmp_path / "ckpt", HANDLERS)
+    with open(log, "wb") as out:
+        process = subprocess.Popen(
+            redrive_spark_pipeline(f"{HANDLERS}:handle", *options),
+            cwd=REPO,  # the handler's module is found from the current directory
+            env=child_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    reader = TopicReader(bootstrap, [output, requests])
+    try:
+        produce_the_three_cases(bootstrap, source)
+        wait_for_outcomes(reader, output, requests, process, log)
+        check_outcomes(reader, source, output, requests, HANDLERS)
+    finally:
+        reader.close()
+        process.send_signal(signal.SIGTERM)
+        code = process.wait(90)
+    assert code == 0, tail(log)
+    assert f"redrive spark pipeline: {HANDLERS}:handle on kafka {bootstrap}" in log.read_text()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[LocalSparkCluster]:
+    """A standalone master and one worker, as `redrive local up --spark` starts them."""
+    cluster = LocalSparkCluster(tmp_path / "cluster")
+    try:
+        cluster.up(master_port=0, ui_port=0, workers=1, quiet=True)
+        yield cluster
+    finally:
+        cluster.down()
+
+
+def test_the_command_is_spark_submits_main_file_on_a_cluster(
+    bootstrap: str, new_topic: Callable[..., str], tmp_path: Path, cluster: LocalSparkCluster
+) -> None:
+    """As docs/spark.md shows it: the handler's module shipped with --py-files (here
+    as `charges.py` in a zip, importable nowhere else), the jars with --jars, the
+    master chosen by spark-submit alone."""
+    source, output, requests = new_topic("sub-orders"), new_topic("sub-out"), new_topic("sub-req")
+    handlers_zip = tmp_path / "handlers.zip"
+    with zipfile.ZipFile(handlers_zip, "w") as archive:
+        archive.write(REPO / "tests" / "spark" / "pipeline_handlers.py", "charges.py")
+    work = tmp_path / "work"  # an empty current directory: `charges` comes from the zip
+    work.mkdir()
+    log = tmp_path / "spark-submit.log"
+    command = [
+        str(SPARK_SUBMIT),
+        *("--master", cluster.master_url(), "--executor-memory", "512m"),
+        *("--jars", ",".join(str(jar) for jar in connector_jars())),
+        *("--py-files", str(handlers_zip)),
+        PIPELINE_FILE,
+        "charges:handle",
+        *pipeline_options(bootstrap, source, output, requests, tmp_path / "ckpt", "charges"),
+    ]
+    env = child_env(PYSPARK_PYTHON=sys.executable)
+    with open(log, "wb") as out:
+        submit = subprocess.Popen(command, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT)
+    reader = TopicReader(bootstrap, [output, requests])
+    try:
+        produce_the_three_cases(bootstrap, source)
+        wait_for_outcomes(reader, output, requests, submit, log)
+        check_outcomes(reader, source, output, requests, "charges")
+    finally:
+        reader.close()
+        stop_driver(submit)
+    assert submit.returncode == 0, tail(log)
+
+
+def stop_driver(submit: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the Python driver (spark-submit's child running the main file), as a
+    service manager would stop it; then spark-submit exits with the driver's code."""
+    if submit.poll() is None:
+        with contextlib.suppress(psutil.Error):
+            for child in psutil.Process(submit.pid).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    if PIPELINE_FILE in child.cmdline():
+                        child.send_signal(signal.SIGTERM)
+    try:
+        submit.wait(90)
+    except subprocess.TimeoutExpired:
+        submit.kill()
+        submit.wait(30)
+
+
+# Mistakes: each is refused before Spark starts (no JVM: Spark's first log line, about
+# log4j, never shows), with exit code 2 and a message naming the option.
+
+NO_BROKER = "127.0.0.1:9"  # checks made before the broker's must not need one
+
+
+@pytest.mark.parametrize(
+    ("handler", "extra", "setting", "problem"),
+    [
+        ("no_such_module:handle", [], "MODULE:HANDLER", "no module named 'no_such_module'"),
+        (f"{HANDLERS}:nope", [], "MODULE:HANDLER", "has no attribute 'nope'"),
+        (f"{HANDLERS}:handle_async", [], "MODULE:HANDLER", "is an async function"),
+        (f"{HANDLERS}:NOT_A_FUNCTION", [], "MODULE:HANDLER", "is a str, not a function"),
+        (HANDLERS, [], "MODULE:HANDLER", "is not of the form MODULE:HANDLER"),
+        (f"{HANDLERS}:handle", ["--policy", "5 x3"], "--policy", "missing unit"),
+        (f"{HANDLERS}:handle", ["--retry-on", f"{HANDLERS}.handle"], "--retry-on", "not an"),
+    ],
+)
+def test_a_mistake_is_one_line_naming_the_option(
+    handler: str, extra: list[str], setting: str, problem: str, tmp_path: Path
+) -> None:
+    options = ["--source", "s", "--output", "o", "--group", "g", "--policy", "1s"]
+    options += ["--checkpoint", str(tmp_path / "ckpt"), "--bootstrap", NO_BROKER, *extra]
+    result = run_to_the_end(redrive_spark_pipeline(handler, *options))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"redrive: {setting}: "), result.stderr
+    assert problem in result.stderr
+    assert "Traceback" not in result.stderr and "log4j" not in result.stderr
+
+
+def test_the_module_missing_says_where_it_was_looked_for(tmp_path: Path) -> None:
+    options = ["--source", "s", "--output", "o", "--group", "g", "--policy", "1s"]
+    options += ["--checkpoint", str(tmp_path / "ckpt"), "--bootstrap", NO_BROKER]
+    result = run_to_the_end(redrive_spark_pipeline("orders:charge", *options), cwd=tmp_path)
+    assert result.returncode == 2
+    assert f"searched the current directory {tmp_path} and PYTHONPATH" in result.stderr
+
+
+def test_the_installed_command_imports_from_the_current_directory(tmp_path: Path) -> None:
+    """`redrive` as installed (its sys.path starts with its bin/ folder, not here)."""
+    (tmp_path / "orders.py").write_text(
+        "async def charge(key, value, headers, attempt):\n    return value\n"
+    )
+    options = ["--source", "s", "--output", "o", "--group", "g", "--policy", "1s"]
+    options += ["--checkpoint", str(tmp_path / "ckpt"), "--bootstrap", NO_BROKER]
+    redrive = Path(sys.executable).with_name("redrive")
+    result = run_to_the_end(
+        [str(redrive), "spark", "pipeline", "orders:charge", *options], tmp_path
+    )
+    assert result.returncode == 2, result.stderr
+    # Found and imported (./orders.py), then refused for what it is.
+    assert result.stderr.startswith("redrive: MODULE:HANDLER: orders:charge is an async function")
+
+
+def test_a_source_topic_that_does_not_exist_is_refused(
+    bootstrap: str, new_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    output, requests = new_topic("cmd-out"), new_topic("cmd-req")
+    missing = f"no-such-topic-{tmp_path.name}"
+    options = pipeline_options(bootstrap, missing, output, requests, tmp_path / "ckpt", HANDLERS)
+    result = run_to_the_end(redrive_spark_pipeline(f"{HANDLERS}:handle", *options))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("redrive: --source: "), result.stderr
+    assert f"no topic {missing!r} (--source) on the broker at {bootstrap}" in result.stderr
+    assert "log4j" not in result.stderr
+
+
+def run_to_the_end(command: list[str], cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        command, cwd=cwd, env=child_env(), capture_output=True, text=True, timeout=60, check=False
+    )
