@@ -24,7 +24,12 @@ from redrive.destinations import DestinationAllowlist, check_patterns
 from redrive.errors import ConfigError
 from redrive.headers import is_topic_name
 from redrive.requests import IntakeRules
-from redrive.sizes import TopicLimits, single_record_batch_size, topic_limits
+from redrive.sizes import (
+    TopicLimits,
+    single_record_batch_size,
+    single_record_batch_size_at_most,
+    topic_limits,
+)
 from redrive.spark.output import OutputRecord
 
 log = structlog.get_logger("redrive.spark.scheduler")
@@ -176,7 +181,10 @@ class DeliveryCheck:
             return None
         if message.key is None and limits.compacted:
             return f"destination topic {message.topic!r} is compacted and the message has no key"
-        if not compressed:
+        if not compressed and (
+            single_record_batch_size_at_most(message.key, message.value, message.headers)
+            > limits.max_message_bytes
+        ):
             size = single_record_batch_size(message.key, message.value, message.headers)
             if size > limits.max_message_bytes:
                 return (
