@@ -256,9 +256,28 @@ def time_query(start: Callable[[], Any], watch: TopicWatch, n: int) -> float:
     return (watch.last_timestamp_ms() - started_ms) / 1000
 
 
-def scheduler(spark: Any, bootstrap: str, n: int) -> Result:
+def start_bench_scheduler(
+    spark: Any, bootstrap: str, requests: str, dlq: str, destination: str, checkpoint: str
+) -> Any:
+    """The scheduler query as both scheduler benchmarks run it: its default trigger and
+    batch size, passed explicitly because the passthrough peer uses them too."""
     from redrive.spark.scheduler import build_scheduler_query
 
+    return build_scheduler_query(
+        spark,
+        bootstrap=bootstrap,
+        requests_topic=requests,
+        dlq_topic=dlq,
+        allowed_destinations=[destination],
+        checkpoint=checkpoint,
+        trigger_interval=TRIGGER,
+        max_offsets_per_trigger=MAX_OFFSETS_PER_TRIGGER,
+        create_topics=False,
+        query_name=None,
+    )
+
+
+def scheduler(spark: Any, bootstrap: str, n: int) -> Result:
     # 6 partitions, as `redrive serve` creates the requests topic.
     requests = create_topic(bootstrap, "bench-spark-requests", 6)
     destination = create_topic(bootstrap, "bench-spark-dest", 2)
@@ -290,18 +309,7 @@ def scheduler(spark: Any, bootstrap: str, n: int) -> Result:
         )
 
     def start_scheduler(checkpoint: str) -> Any:
-        return build_scheduler_query(
-            spark,
-            bootstrap=bootstrap,
-            requests_topic=requests,
-            dlq_topic=dlq,
-            allowed_destinations=[destination],
-            checkpoint=checkpoint,
-            trigger_interval=TRIGGER,
-            max_offsets_per_trigger=MAX_OFFSETS_PER_TRIGGER,
-            create_topics=False,
-            query_name=None,
-        )
+        return start_bench_scheduler(spark, bootstrap, requests, dlq, destination, checkpoint)
 
     watches = [TopicWatch(bootstrap, t) for t in (copy, destination, dlq)]
     try:
@@ -345,26 +353,13 @@ def scheduler_lateness(spark: Any, bootstrap: str, rate: int, seconds: int) -> R
     state and leaves on its bucket's timer. Lateness is arrival on the destination
     minus due time; Spark fires timers only when a micro-batch starts, so it is read
     beside the trigger interval."""
-    from redrive.spark.scheduler import build_scheduler_query
-
     requests = create_topic(bootstrap, "bench-spark-late-requests", 6)
     destination = create_topic(bootstrap, "bench-spark-late-dest", 6)
     dlq = create_topic(bootstrap, "bench-spark-late-dlq", 1)
     n = rate * seconds
     rng = random.Random(1)
     with tempfile.TemporaryDirectory(prefix="redrive-bench-spark-") as checkpoint:
-        query = build_scheduler_query(
-            spark,
-            bootstrap=bootstrap,
-            requests_topic=requests,
-            dlq_topic=dlq,
-            allowed_destinations=[destination],
-            checkpoint=checkpoint,
-            trigger_interval=TRIGGER,
-            max_offsets_per_trigger=MAX_OFFSETS_PER_TRIGGER,
-            create_topics=False,
-            query_name=None,
-        )
+        query = start_bench_scheduler(spark, bootstrap, requests, dlq, destination, checkpoint)
         try:
             deadline = time.monotonic() + 120
             while not query.recentProgress and time.monotonic() < deadline:

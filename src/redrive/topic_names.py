@@ -26,3 +26,11 @@ def per_group_retry_topic(group: str, topic: str) -> str:
     """The per-group retry topic of ``topic``: ``<group>.<topic>.retry``, read by that
     group only, so other consumer groups of ``topic`` never see its retries."""
     return f"{group}.{topic}.retry"
+
+
+def tier_topic(group: str, topic: str, delay: str) -> str:
+    """The ``topics`` strategy's tier of ``topic`` for one delay (``5m``, as
+    :func:`redrive.policy.format_duration` writes it) in consumer group ``group``:
+    ``<group>.<topic>.retry.<delay>``. Per group, as the per-group retry topic: a tier
+    holds one group's retries, which another group reading ``topic`` must never see."""
+    return f"{group}.{topic}.retry.{delay}"

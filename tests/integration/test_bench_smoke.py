@@ -42,7 +42,9 @@ def test_every_benchmark_runs_and_reports_its_figures(tmp_path: Path) -> None:
         "4 e2e, 5,000 pending",
         *(f"5 consumer {s}" for s in ("blocking", "pause", "topics", "service")),
         "6 spark pipeline",
+        "6 spark latency, 1 record",
         "6 spark scheduler",
+        "6 spark scheduler lateness",
     ]
     assert sorted(results) == sorted(expected)
     # Every message came back (the benchmarks raise otherwise) and was counted.
@@ -54,5 +56,9 @@ def test_every_benchmark_runs_and_reports_its_figures(tmp_path: Path) -> None:
     assert precision["early"] == 0, "a retry was delivered before it was due"
     assert results["4 5,000 pending"]["figures"]["early"] == 0
     assert results["6 spark scheduler"]["figures"]["n"] == 2_000
+    lateness = results["6 spark scheduler lateness"]["figures"]
+    assert lateness["n"] == 6_000  # 2,000/s for 3 s
+    assert lateness["early"] == 0, "the Spark scheduler delivered a retry before it was due"
+    assert results["6 spark latency, 1 record"]["figures"]["samples"] == 5
     # The table is printed ratio first, then the figures.
     assert "1.00x (the limit)" in run.stdout

@@ -421,7 +421,7 @@ def hostile_env(bootstrap: str, database_url: str) -> Iterator[HostileEnv]:
     generated batch goes to all of them. The `topics` app is also fed on its tier."""
     tag = uuid.uuid4().hex[:8]
     topics = {s: f"hostile-{s}-{tag}" for s in STRATEGIES}
-    tier = f"{topics['topics']}.retry.100ms"
+    tier = f"hostile-topics-{tag}.{topics['topics']}.retry.100ms"  # the app's group, below
     _create_topics(bootstrap, [*topics.values(), tier])  # the tier too, to take any time
     with ExitStack() as stack:
         service = stack.enter_context(

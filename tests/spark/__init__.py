@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from redrive.headers import Header
 from redrive.kafka import headers_of
+from redrive.local.spark_cluster import LocalSparkCluster
 
 
 def create_topics(
@@ -117,3 +120,15 @@ def stop_spark(session: object) -> None:
             jvm_process.wait(30)
         SparkContext._gateway = None
         SparkContext._jvm = None
+
+
+@contextmanager
+def running_cluster(folder: Path, workers: int) -> Iterator[LocalSparkCluster]:
+    """A standalone master and ``workers`` workers on free ports, as `redrive local up
+    --spark` starts them; stopped afterwards, whatever happened."""
+    cluster = LocalSparkCluster(folder)
+    try:
+        cluster.up(master_port=0, ui_port=0, workers=workers, quiet=True)
+        yield cluster
+    finally:
+        cluster.down()

@@ -34,7 +34,7 @@ from redrive.local.spark_cluster import LocalSparkCluster, SparkDaemon, spark_ho
 from redrive.ports import free_port
 from redrive.spark import connector_jars
 from tests.integration.service_harness import produce
-from tests.spark import Received, TopicReader, create_topics, unique
+from tests.spark import Received, TopicReader, create_topics, running_cluster, unique
 from tests.spark.cluster_job import is_fatal, is_flaky
 
 pytestmark = pytest.mark.spark
@@ -57,12 +57,8 @@ def cluster_dir(tmp_path: Path) -> Iterator[Path]:
 
 @pytest.fixture
 def cluster(cluster_dir: Path) -> Iterator[LocalSparkCluster]:
-    cluster = LocalSparkCluster(cluster_dir / "cluster")
-    try:
-        cluster.up(master_port=0, ui_port=0, workers=2, quiet=True)
+    with running_cluster(cluster_dir / "cluster", workers=2) as cluster:
         yield cluster
-    finally:
-        cluster.down()
 
 
 def submit(

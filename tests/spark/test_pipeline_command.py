@@ -27,7 +27,7 @@ from redrive.headers import decode
 from redrive.local.spark_cluster import LocalSparkCluster
 from redrive.spark import connector_jars
 from tests.integration.service_harness import produce
-from tests.spark import TopicReader
+from tests.spark import TopicReader, running_cluster
 
 pytestmark = pytest.mark.spark
 
@@ -149,12 +149,8 @@ def test_the_command_routes_each_outcome_and_stops_on_sigterm(
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[LocalSparkCluster]:
     """A standalone master and one worker, as `redrive local up --spark` starts them."""
-    cluster = LocalSparkCluster(tmp_path / "cluster")
-    try:
-        cluster.up(master_port=0, ui_port=0, workers=1, quiet=True)
+    with running_cluster(tmp_path / "cluster", workers=1) as cluster:
         yield cluster
-    finally:
-        cluster.down()
 
 
 def test_the_command_is_spark_submits_main_file_on_a_cluster(

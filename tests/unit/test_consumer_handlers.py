@@ -202,9 +202,16 @@ def test_forged_redrive_headers_are_read_leniently(
     assert (delivery.attempt if delivery else None) == expected_attempt
 
 
+def test_tiers_are_per_group_and_need_a_group_that_makes_a_topic_name() -> None:
+    route = Route("orders", plain_handler, policy("5s, 1m x2"), "topics", "billing")
+    assert sorted(route.tiers.values()) == ["billing.orders.retry.1m", "billing.orders.retry.5s"]
+    with pytest.raises(ConfigError, match="not a legal Kafka topic name"):
+        Route("orders", plain_handler, policy("5s"), "topics", "billing/eu")
+
+
 def test_a_tier_knows_its_delay() -> None:
     route = Route("orders", plain_handler, policy("5s, 1m x2"), "topics", "g")
-    assert route.tier_delay_ms("orders.retry.5s") == 5_000
-    assert route.tier_delay_ms("orders.retry.1m") == 60_000
+    assert route.tier_delay_ms("g.orders.retry.5s") == 5_000
+    assert route.tier_delay_ms("g.orders.retry.1m") == 60_000
     with pytest.raises(KeyError):
         route.tier_delay_ms("orders")

@@ -44,6 +44,7 @@ from redrive.consumer.handlers import check_handler
 from redrive.consumer.loop import poll_once
 from redrive.consumer.message import Message
 from redrive.consumer.metrics import ConsumerMetrics
+from redrive.consumer.metrics_server import Health, MetricsServer, check_host, check_port
 from redrive.consumer.offsets import OffsetTracker, Partition
 from redrive.consumer.pauses import PauseBook
 from redrive.consumer.publisher import Publisher
@@ -68,6 +69,8 @@ Handler = TypeVar("Handler", bound=Callable[..., Any])
 
 DEFAULT_POLICY = "1s, 10s, 1m"
 INSTANCE_ID_SETTING = "App(instance_id=...)"
+# librdkafka's default: a member that does not poll for this long leaves its group.
+MAX_POLL_INTERVAL_MS = 300_000
 
 
 class App:
@@ -85,6 +88,12 @@ class App:
     broker's session timeout (45 s by default). It must be stable across restarts of
     one instance and differ between instances (a pod name in a StatefulSet, a host
     name): two running Apps with one id stop the older with a ConfigError.
+
+    ``metrics_port`` serves, while :meth:`run` runs, ``/metrics`` (the Prometheus
+    exposition of ``app.metrics.registry``) and ``/healthz`` (200 while the loop is
+    healthy, else 503; see :meth:`health`) on ``metrics_host``; 0 takes any free port
+    (:attr:`metrics_url` says which). A port in use stops :meth:`run` with a
+    ConfigError before anything is consumed.
     """
 
     def __init__(
@@ -102,6 +111,11 @@ class App:
         on_retry: RetryHook | None = None,
         on_dead_letter: DeadLetterHook | None = None,
         registry: CollectorRegistry | None = None,
+        metrics_port: int | None = None,
+        # Loopback by default, like the retry service's HTTP port (SECURITY.md): what
+        # the App exposes to the network is the user's choice. In a container the
+        # scraper is elsewhere: set "0.0.0.0" there.
+        metrics_host: str = "127.0.0.1",
     ) -> None:
         self.bootstrap = bootstrap or os.environ.get("REDRIVE_BOOTSTRAP", "localhost:9092")
         self.group = group
@@ -116,6 +130,14 @@ class App:
         self.on_retry = on_retry
         self.on_dead_letter = on_dead_letter
         self.metrics = ConsumerMetrics(registry)
+        self.metrics_port = check_port(metrics_port)
+        self.metrics_host = check_host(metrics_host)
+        self._metrics_server: MetricsServer | None = None
+        # What health() judges, written by the loop's thread only.
+        self._looping = False
+        self._last_turn: float | None = None  # time.monotonic() the loop last polled
+        self._loop_error: str | None = None
+        self._assigned: frozenset[Partition] = frozenset()
         self.routes: dict[str, Route] = {}
         self._reads: dict[str, tuple[Route, Kind]] = {}
         self._stop = threading.Event()
@@ -167,9 +189,26 @@ class App:
         self._stop.set()
 
     def run(self, *, install_signal_handlers: bool = True) -> None:
-        """Consume until :meth:`stop`, SIGTERM or SIGINT; commits what was dealt with."""
+        """Consume until :meth:`stop`, SIGTERM or SIGINT; commits what was dealt with.
+
+        With ``metrics_port``, serves ``/metrics`` and ``/healthz`` from before the
+        first poll until this returns (or raises): the port is closed by then."""
         if not self.routes:
             raise ConfigError("handlers", "no handler registered", "use @app.handler(topic)")
+        self._looping, self._last_turn, self._loop_error = False, None, None
+        if self.metrics_port is not None:
+            # Before Kafka: a port in use stops start-up before anything is consumed.
+            self._metrics_server = MetricsServer(
+                self.metrics.registry, self.health, self.metrics_host, self.metrics_port
+            )
+        try:
+            self._consume(install_signal_handlers)
+        finally:
+            if self._metrics_server is not None:
+                self._metrics_server.close()
+                self._metrics_server = None
+
+    def _consume(self, install_signal_handlers: bool) -> None:
         if install_signal_handlers and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self._on_signal)
@@ -201,15 +240,78 @@ class App:
         )
         log.info("consumer started", group=self.group, topics=sorted(self._reads))
         self.running.set()
-        last_commit = time.monotonic()
+        last_commit = self._last_turn = time.monotonic()
+        self._looping = True
         try:
             while not self._stop.is_set():
+                self._last_turn = time.monotonic()
                 self._poll_once()
                 if time.monotonic() - last_commit >= self.commit_interval_s:
                     self._commit(asynchronous=True)
                     last_commit = time.monotonic()
+        except BaseException as exc:
+            self._loop_error = f"{type(exc).__name__}: {exc}"
+            raise
         finally:
+            self._looping = False
             self._shutdown()
+
+    # ------------------------------------------------------------------ health, metrics URL
+
+    @property
+    def metrics_url(self) -> str | None:
+        """``http://host:port/metrics`` while the metrics server runs, else None."""
+        server = self._metrics_server
+        return None if server is None else server.url("/metrics")
+
+    @property
+    def health_url(self) -> str | None:
+        """``http://host:port/healthz`` while the metrics server runs, else None."""
+        server = self._metrics_server
+        return None if server is None else server.url("/healthz")
+
+    def health(self, now: float | None = None) -> Health:
+        """What ``/healthz`` answers. Healthy means both:
+
+        - the loop runs: :meth:`run` subscribed and entered its loop, which has neither
+          returned nor raised, and no stop was asked for (so 503 from :meth:`stop` or
+          a signal on, while the App commits and leaves its group);
+        - it polls: its last poll began less than ``max.poll.interval.ms`` ago
+          (librdkafka's 300 s unless set), the time after which Kafka itself takes a
+          member for dead: a handler that hangs makes the App unhealthy.
+
+        How many partitions are assigned is reported, not judged: an App with none
+        (more instances than partitions, or during a rebalance) is healthy.
+        ``now`` is a ``time.monotonic()`` reading (tests pass a later one).
+        """
+        detail: dict[str, object] = {
+            "group": self.group,
+            "assigned_partitions": len(self._assigned),
+        }
+        last_turn = self._last_turn
+        if not self._looping:
+            if self._loop_error is not None:
+                reason = f"loop failed: {self._loop_error}"
+            else:
+                reason = "starting" if last_turn is None else "stopped"
+            return Health(False, {**detail, "reason": reason})
+        if self._stop.is_set():
+            return Health(False, {**detail, "reason": "stopping"})
+        assert last_turn is not None
+        since = (time.monotonic() if now is None else now) - last_turn
+        detail["seconds_since_poll"] = round(since, 3)
+        limit_ms = self._max_poll_interval_ms()
+        if since * 1000 > limit_ms:
+            reason = f"stalled: no poll for {since:.1f} s, max.poll.interval.ms is {limit_ms:.0f}"
+            return Health(False, {**detail, "reason": reason})
+        return Health(True, detail)
+
+    def _max_poll_interval_ms(self) -> float:
+        setting = {**self.kafka, **self.consumer_kafka}.get("max.poll.interval.ms")
+        try:
+            return float(setting) if setting is not None else MAX_POLL_INTERVAL_MS
+        except (TypeError, ValueError):
+            return MAX_POLL_INTERVAL_MS  # the consumer refused it at start-up anyway
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         log.info("signal received; stopping", signal=signal.Signals(signum).name)
@@ -256,6 +358,8 @@ class App:
             log.warning("commit failed; records may be handled again", error=err.str())
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Added to, not replaced: with cooperative rebalancing these are the new ones.
+        self._assigned = self._assigned | {(p.topic, p.partition) for p in partitions}
         log.info(
             "partitions assigned", partitions=[f"{p.topic}[{p.partition}]" for p in partitions]
         )
@@ -278,6 +382,7 @@ class App:
         a partition waiting for a retry is resumed in the client but its wait and attempt
         count are kept, in case a rebalance gives it back: then its record waits until
         due again, with its attempts counted, instead of staying paused forever."""
+        self._assigned = self._assigned - partitions
         self._offsets.forget(partitions)
         self._pauses.release(partitions)
         parked = self._pauses.parked()

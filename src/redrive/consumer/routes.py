@@ -1,7 +1,8 @@
 """A handler's registration: its topic, policy, strategy, and the topics derived from it.
 
 Derived topic names follow the contract (the header contract's topic names):
-- `<topic>.retry.<delay>`: the `topics` strategy's tier for one delay (e.g. 5m);
+- `<group>.<topic>.retry.<delay>`: the `topics` strategy's tier for one delay (e.g.
+  5m), per group as the next one;
 - `<topic>.dlq`: dead letters sent to a topic;
 - `<group>.<topic>.retry`: the `service` strategy's per-group destination, so that
   other groups reading `<topic>` do not see this group's retries.

@@ -35,6 +35,7 @@ class Route(Protocol):
     """What a strategy sees of a handler's route (:class:`redrive.consumer.routes.Route`)."""
 
     topic: str
+    group: str
     policy: Policy
     per_group_topic: bool
     tiers: dict[int, str]

@@ -1,8 +1,10 @@
 """``topics``: non-blocking, Kafka only, with a retry topic per delay.
 
-A failed record is written to the tier topic of its delay, ``<topic>.retry.<delay>``
-(``orders.retry.5m``), on the partition it came from (a tier has its source's
-partition count). The App reads the tiers too; a tier record not due yet holds its
+A failed record is written to the tier topic of its delay,
+``<group>.<topic>.retry.<delay>`` (``billing.orders.retry.5m``), on the partition it
+came from (a tier has its source's partition count). Tiers are per consumer group:
+another group reading ``<topic>`` with this strategy has tiers of its own, and never
+sees this group's retries. The App reads the tiers too; a tier record not due yet holds its
 partition (sought back and paused, no sleep) until it is, then it is handled again.
 A tier record claiming to be due later than its tier's delay allows (a forged or
 corrupt ``redrive-retry-at``) would hold the partition for ever: it is handled now.
@@ -15,9 +17,10 @@ import structlog
 from redrive.clock import now_ms
 from redrive.consumer.strategies.base import Kind, RetryStrategy, Route, Wait
 from redrive.errors import ConfigError
-from redrive.headers import RetryHeaders
+from redrive.headers import MAX_TOPIC_LENGTH, RetryHeaders, is_topic_name
 from redrive.policy import Policy, format_duration
 from redrive.router import FailedRecord, RetryTarget
+from redrive.topic_names import tier_topic
 
 log = structlog.get_logger("redrive.consumer")
 
@@ -32,7 +35,19 @@ class Topics(RetryStrategy):
     name = "topics"
 
     def prepare(self, route: Route) -> None:
-        route.tiers = {delay: tier_topic(route.topic, delay) for delay in tier_delays(route.policy)}
+        route.tiers = {
+            delay: tier_topic(route.group, route.topic, format_duration(delay))
+            for delay in tier_delays(route.policy)
+        }
+        for name in route.tiers.values():
+            if not is_topic_name(name):
+                raise ConfigError(
+                    "group",
+                    f"the topics strategy's tier {name!r} (<group>.<topic>.retry.<delay>) "
+                    "is not a legal Kafka topic name",
+                    f"use a group id of a-z A-Z 0-9 . _ - short enough for a "
+                    f"{MAX_TOPIC_LENGTH}-character topic name, or another strategy",
+                )
 
     def topics(self, route: Route) -> dict[str, Kind]:
         return dict.fromkeys(route.tiers.values(), "tier")
@@ -60,10 +75,6 @@ class Topics(RetryStrategy):
         # The tier is read by this App, not delivered by the service: the request
         # names the route's topic and no partition; the record keeps its partition.
         return RetryTarget(route.tier_for(record.attempt), route.topic, record.partition)
-
-
-def tier_topic(topic: str, delay_ms: int) -> str:
-    return f"{topic}.retry.{format_duration(delay_ms)}"
 
 
 def tier_delays(policy: Policy) -> list[int]:
