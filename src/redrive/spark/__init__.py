@@ -1,4 +1,4 @@
-"""redrive on Spark Structured Streaming (PySpark 4.0, the official Kafka connector).
+"""redrive on Spark Structured Streaming (PySpark 4.2, the official Kafka connector).
 
 - :mod:`redrive.spark.session`: a SparkSession with the connector jars and settings
   that suit redrive (:func:`spark_session`).
@@ -10,13 +10,40 @@
 
 Needs the ``spark`` extra (``pip install 'redrive[spark]'``) and Java 17+; see
 docs/spark.md.
+
+The names below are imported on first use (PEP 562): the scheduler imports PySpark,
+which costs every ``redrive`` command a tenth of a second when the CLI only needs
+``redrive spark pipeline``'s options.
 """
 
 from __future__ import annotations
 
-from redrive.spark.pipeline import Handler, start_pipeline, with_retries
-from redrive.spark.scheduler import build_scheduler_query, run_scheduler
-from redrive.spark.session import connector_jars, run_until_stopped, spark_session
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from redrive.spark.pipeline import Handler, start_pipeline, with_retries
+    from redrive.spark.scheduler import build_scheduler_query, run_scheduler
+    from redrive.spark.session import connector_jars, run_until_stopped, spark_session
+
+_HOMES = {
+    "Handler": "pipeline",
+    "start_pipeline": "pipeline",
+    "with_retries": "pipeline",
+    "build_scheduler_query": "scheduler",
+    "run_scheduler": "scheduler",
+    "connector_jars": "session",
+    "run_until_stopped": "session",
+    "spark_session": "session",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
+
 
 __all__ = [
     "Handler",
