@@ -52,12 +52,17 @@ class Calls:
             return [c for c in self.items if c.value == value]
 
     def wait_for(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if predicate():
-                return True
-            time.sleep(0.05)
-        return predicate()
+        return wait_for(predicate, timeout_s)
+
+
+def wait_for(predicate: Callable[[], bool], timeout_s: float) -> bool:
+    """Poll `predicate` until it holds or the deadline passes; whether it holds."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
 
 
 @contextmanager

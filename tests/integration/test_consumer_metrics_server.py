@@ -38,6 +38,7 @@ FAMILIES = {
     "redrive_consumer_records": "counter",
     "redrive_consumer_handler_seconds": "counter",
     "redrive_consumer_waiting_partitions": "gauge",
+    "redrive_consumer_breaker_state": "gauge",
 }
 
 

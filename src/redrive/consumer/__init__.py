@@ -6,13 +6,19 @@ from redrive.consumer.app import (
     UnprocessableRecordError,
     UnreadableHeadersError,
 )
+from redrive.consumer.breaker import Breaker, BreakerState
+from redrive.consumer.errors import BatchFailed, InvalidBatchFailureError
 from redrive.consumer.handlers import AsyncHandlerError
 from redrive.consumer.message import Message
 
 __all__ = [
     "App",
     "AsyncHandlerError",
+    "BatchFailed",
+    "Breaker",
+    "BreakerState",
     "DeserializationError",
+    "InvalidBatchFailureError",
     "Message",
     "UnprocessableRecordError",
     "UnreadableHeadersError",

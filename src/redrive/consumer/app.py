@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from types import FrameType
-from typing import Any, TypeVar, Unpack
+from typing import Any, TypeVar, Unpack, cast
 
 import structlog
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
@@ -34,6 +34,13 @@ from confluent_kafka.admin import AdminClient
 from prometheus_client import CollectorRegistry
 
 from redrive.client_logs import with_client_logs
+from redrive.consumer.batches import (
+    DEFAULT_MAX_RECORDS,
+    DEFAULT_MAX_WAIT_S,
+    Batches,
+    BatchSettings,
+    batch_settings,
+)
 from redrive.consumer.clients import make_consumer, make_producer
 from redrive.consumer.errors import (
     DeserializationError,
@@ -41,7 +48,7 @@ from redrive.consumer.errors import (
     UnreadableHeadersError,
 )
 from redrive.consumer.handlers import check_handler
-from redrive.consumer.loop import poll_once
+from redrive.consumer.loop import flush_batches, poll_once
 from redrive.consumer.message import Message
 from redrive.consumer.metrics import ConsumerMetrics
 from redrive.consumer.metrics_server import Health, MetricsServer, check_host, check_port
@@ -50,6 +57,7 @@ from redrive.consumer.pauses import PauseBook
 from redrive.consumer.publisher import Publisher
 from redrive.consumer.records import DeadLetterHook, Records, RetryHook
 from redrive.consumer.routes import HandlerOptions, Kind, Route, build_route
+from redrive.consumer.strategies.pause import BreakerHook, Breakers
 from redrive.consumer.topics import create_derived_topics
 from redrive.errors import ConfigError
 from redrive.membership import fatal_group_error, static_membership
@@ -94,6 +102,11 @@ class App:
     healthy, else 503; see :meth:`health`) on ``metrics_host``; 0 takes any free port
     (:attr:`metrics_url` says which). A port in use stops :meth:`run` with a
     ConfigError before anything is consumed.
+
+    ``on_retry(message, retry, error)`` and ``on_dead_letter(message, dead, error)`` are
+    called for each decision, ``on_breaker(topic, old_state, new_state)`` on each
+    transition of a ``pause`` handler's circuit breaker
+    (:class:`redrive.consumer.breaker.BreakerState`); a hook that raises is logged.
     """
 
     def __init__(
@@ -110,6 +123,7 @@ class App:
         poll_timeout_s: float = 0.1,
         on_retry: RetryHook | None = None,
         on_dead_letter: DeadLetterHook | None = None,
+        on_breaker: BreakerHook | None = None,
         registry: CollectorRegistry | None = None,
         metrics_port: int | None = None,
         # Loopback by default, like the retry service's HTTP port (SECURITY.md): what
@@ -129,6 +143,7 @@ class App:
         self.poll_timeout_s = poll_timeout_s
         self.on_retry = on_retry
         self.on_dead_letter = on_dead_letter
+        self.on_breaker = on_breaker
         self.metrics = ConsumerMetrics(registry)
         self.metrics_port = check_port(metrics_port)
         self.metrics_host = check_host(metrics_host)
@@ -139,6 +154,8 @@ class App:
         self._loop_error: str | None = None
         self._assigned: frozenset[Partition] = frozenset()
         self.routes: dict[str, Route] = {}
+        self._batched: dict[str, BatchSettings] = {}
+        self._batches: Batches | None = None
         self._reads: dict[str, tuple[Route, Kind]] = {}
         self._stop = threading.Event()
         self.running = threading.Event()
@@ -181,6 +198,47 @@ class App:
                 raise ConfigError(f"handler for {topic!r}", f"topic {name!r} is already read")
             self._reads[name] = (route, kind)
         self.routes[topic] = route
+
+    def batch_handler(
+        self,
+        topic: str,
+        *,
+        max_records: int = DEFAULT_MAX_RECORDS,
+        max_wait: float | str = DEFAULT_MAX_WAIT_S,
+        **options: Unpack[HandlerOptions],
+    ) -> Callable[[Handler], Handler]:
+        """Decorator: handle records of ``topic`` in batches, a list of Messages a call.
+
+        A batch holds at most ``max_records`` messages; its first record waits at most
+        ``max_wait`` (seconds, or a duration such as ``"200ms"``) for more to come
+        (0: a batch is what one poll returned). Raise :class:`redrive.BatchFailed`
+        naming the failed records to retry or dead-letter only those; any other
+        exception fails every record of the batch, each by its own policy. Strategies
+        ``topics`` and ``service`` only. The other options are :meth:`handler`'s; see
+        :mod:`redrive.consumer.batches`.
+        """
+
+        def register(fn: Handler) -> Handler:
+            self.add_batch_handler(topic, fn, max_records=max_records, max_wait=max_wait, **options)
+            return fn
+
+        return register
+
+    def add_batch_handler(
+        self,
+        topic: str,
+        fn: Callable[[list[Message]], Any],
+        *,
+        max_records: int = DEFAULT_MAX_RECORDS,
+        max_wait: float | str = DEFAULT_MAX_WAIT_S,
+        **options: Unpack[HandlerOptions],
+    ) -> None:
+        """The same as :meth:`batch_handler`, without the decorator."""
+        # "service" is build_route's default strategy.
+        settings = batch_settings(topic, options.get("strategy", "service"), max_records, max_wait)
+        # Registered as a handler (same checks, same route); the loop hands it lists.
+        self.add_handler(topic, cast(Callable[[Message], Any], fn), **options)
+        self._batched[topic] = settings
 
     # ------------------------------------------------------------------ running
 
@@ -229,9 +287,13 @@ class App:
             self.metrics,
             self.on_retry,
             self.on_dead_letter,
+            Breakers.of(
+                ((r.topic, r.breaker) for r in self.routes.values()), self.metrics, self.on_breaker
+            ),
         )
         self._offsets = OffsetTracker()
         self._pauses = PauseBook(consumer)
+        self._batches = Batches(self._records, self._batched) if self._batched else None
         consumer.subscribe(
             list(self._reads),
             on_assign=self._on_assign,
@@ -249,6 +311,8 @@ class App:
                 if time.monotonic() - last_commit >= self.commit_interval_s:
                     self._commit(asynchronous=True)
                     last_commit = time.monotonic()
+            if self._batches is not None:  # stopping: what waits in a batch is handled
+                flush_batches(self._batches, self._records, self._offsets, self.metrics)
         except BaseException as exc:
             self._loop_error = f"{type(exc).__name__}: {exc}"
             raise
@@ -328,6 +392,7 @@ class App:
             self.batch_size,
             self.poll_timeout_s,
             self._fatal,
+            self._batches,
         )
 
     def _fatal(self, error: KafkaError) -> Exception:
@@ -389,6 +454,8 @@ class App:
         for partition in partitions:
             if partition not in parked:
                 self._records.in_place.pop(partition, None)
+        if self._batches is not None:
+            self._batches.forget(partitions)
 
     def _shutdown(self) -> None:
         consumer = self._consumer

@@ -2,9 +2,17 @@
 
 Each is a :class:`redrive.policy.FatalError`: retrying cannot help, so the record
 goes to the dead letters at once, named by the public name users search for.
+
+Below them, the batch handlers' own: :class:`BatchFailed`, which a batch handler
+raises to say which of its records failed, and :class:`InvalidBatchFailureError`,
+what every record of a batch fails with when that BatchFailed does not make sense
+(not fatal: each record's policy decides, as for any other handler error).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from redrive.policy import FatalError
 
@@ -27,3 +35,39 @@ class UnprocessableRecordError(FatalError):
 DeserializationError.__module__ = "redrive"
 UnreadableHeadersError.__module__ = "redrive.consumer"
 UnprocessableRecordError.__module__ = "redrive.consumer"
+
+
+class BatchFailed(Exception):
+    """Raised by a batch handler (``@app.batch_handler``): these records of the batch
+    failed, each with its own error; the others were handled.
+
+    ``failures`` maps each failed record, by its index in the batch or by the
+    :class:`~redrive.consumer.message.Message` itself, to the exception it failed
+    with. A Message is not hashable, so name messages as pairs instead of a dict:
+    ``BatchFailed([(message, error), ...])``; indices go either way
+    (``BatchFailed({3: error})``). Each failed record then goes to a retry or the dead
+    letters by its own policy, exactly as if a single-record handler had raised its
+    error. A BatchFailed that names no record, a record twice, an index out of range,
+    a message not in the batch, or something other than an exception fails the whole
+    batch with :class:`InvalidBatchFailureError`: never is a record silently handled.
+    """
+
+    def __init__(
+        self,
+        failures: Mapping[Any, BaseException] | Iterable[tuple[Any, BaseException]],
+    ) -> None:
+        items = failures.items() if isinstance(failures, Mapping) else failures
+        self.failures: list[tuple[Any, Any]] = list(items)
+        """The ``(index or message, error)`` pairs, as given (checked by the App)."""
+        super().__init__(f"{len(self.failures)} record(s) of the batch failed")
+
+
+class InvalidBatchFailureError(ValueError):
+    """A batch handler raised a :class:`BatchFailed` that does not name records of its
+    batch with their errors (an index out of range, a message of another batch...):
+    every record of the batch fails with this error, each by its own policy, as when
+    a batch handler raises any other exception."""
+
+
+BatchFailed.__module__ = "redrive"
+InvalidBatchFailureError.__module__ = "redrive.consumer"

@@ -9,8 +9,14 @@ Invariants:
 - a record of a partition that waits (fetched before it was paused, or assigned during
   a circuit breaker) is sought back too, never handled early;
 - a circuit breaker (a :class:`Wait` for all partitions) rewinds every partition to its
-  first record not dealt with in the batch, then pauses them all;
-- the loop never sleeps: the poll timeout shrinks to the next due time.
+  first record not dealt with in the batch, then pauses them all (until the breaker's
+  open time is over; the failed record's own partition until its retry is due too);
+  each turn first moves the breakers whose open time is over to half-open;
+- the loop never sleeps: the poll timeout shrinks to the next due time;
+- a record of a batch route (``@app.batch_handler``) is taken into its route's
+  pending batch, and its position moves only once that batch is through
+  (:mod:`redrive.consumer.batches`); due batches are handed to their handlers at the
+  end of each turn, even a turn whose poll returned nothing.
 
 The success path is the hot path: per record only the handler call and a few dict
 operations here and in :meth:`Records.process`; positions and counts are recorded
@@ -27,6 +33,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka import Message as KafkaMessage
 
 from redrive.clock import now_ms
+from redrive.consumer.batches import Batches
 from redrive.consumer.metrics import ConsumerMetrics
 from redrive.consumer.offsets import OffsetTracker, Partition
 from redrive.consumer.pauses import PauseBook
@@ -45,23 +52,31 @@ def poll_once(
     batch_size: int,
     poll_timeout_s: float,
     on_fatal: Callable[[KafkaError], Exception],
+    batches: Batches | None = None,
 ) -> None:
     """Poll one batch and deal with it (see the module). ``on_fatal`` makes the error
-    to raise when the consumer reports itself dead (fenced, say)."""
+    to raise when the consumer reports itself dead (fenced, say). ``batches``: the
+    pending batches of the batch routes, if any."""
     now = now_ms()
+    if records.circuits:
+        records.breakers.tick(now)  # open breakers whose time is over: half-open
     pauses.resume_due(now)
     timeout = poll_timeout_s
     next_due = pauses.next_due_ms()
     if next_due is not None:
         timeout = min(timeout, max(next_due - now, 0) / 1000)
+    if batches is not None:
+        timeout = batches.timeout(timeout)
     batch = consume_available(consumer, batch_size, timeout)
-    if not batch:
+    if not batch and (batches is None or not batches.due(time.monotonic())):
         return
     rewound: set[Partition] = set()
     positions: dict[Partition, int] = {}
     records.handled.clear()
     process = records.process
     waiting = pauses.active  # refreshed when a record makes its partition wait
+    batched = batches.topics if batches is not None else None
+    arrived = time.monotonic()
     started = time.perf_counter()
     for index, record in enumerate(batch):
         error = record.error()
@@ -84,6 +99,13 @@ def poll_once(
             pauses.wait(tp, offset, pauses.until(tp))
             rewound.add(tp)
             continue
+        if batched and topic in batched:
+            hold = batched[topic].take(record, topic, partition, offset, arrived)
+            if hold is not None:  # a tier record not due yet
+                pauses.wait(tp, offset, hold.until_ms)
+                waiting = True
+                rewound.add(tp)
+            continue  # else in its batch, positioned once the batch is through
         try:
             outcome = process(record, topic, partition, offset)
         except Exception as exc:  # noqa: BLE001 - no record may stop the consumer
@@ -92,13 +114,19 @@ def poll_once(
         if outcome is None:
             positions[tp] = offset
             continue
+        if outcome.dealt_with:  # dead-lettered, and its breaker opened: wait from the next
+            positions[tp] = offset
+            offset += 1
         pauses.wait(tp, offset, outcome.until_ms)
         waiting = True
         rewound.add(tp)
         if outcome.all_partitions:
             _rewind_rest(consumer, batch[index + 1 :], rewound)
-            pauses.pause_all(outcome.until_ms)
+            all_until = outcome.all_until_ms
+            pauses.pause_all(outcome.until_ms if all_until is None else all_until)
             break
+    if batches is not None:
+        positions.update(batches.flush(time.monotonic()))
     for tp, offset in positions.items():
         offsets.mark(tp, offset)
     for topic, count in records.handled.items():
@@ -122,3 +150,15 @@ def _rewind_rest(consumer: Consumer, rest: list[KafkaMessage], rewound: set[Part
         ):
             consumer.seek(TopicPartition(lt, lp, lo))
             rewound.add((lt, lp))
+
+
+def flush_batches(
+    batches: Batches, records: Records, offsets: OffsetTracker, metrics: ConsumerMetrics
+) -> None:
+    """The App stops: hand every pending batch to its handler, however young, and mark
+    its records, so that the final commit covers them."""
+    records.handled.clear()
+    for tp, offset in batches.flush(time.monotonic(), force=True).items():
+        offsets.mark(tp, offset)
+    for topic, count in records.handled.items():
+        metrics.records.labels(topic, "handled").inc(count)

@@ -27,3 +27,10 @@ class ConsumerMetrics:
             "Partitions paused until a retry is due.",
             registry=self.registry,
         )
+        self.breaker_state = Gauge(
+            "redrive_consumer_breaker_state",
+            "State of the pause strategy's circuit breaker, by handler topic: "
+            "0 closed, 1 open, 2 half-open.",
+            ["topic"],
+            registry=self.registry,
+        )

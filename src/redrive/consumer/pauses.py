@@ -3,6 +3,12 @@
 Nothing sleeps: a partition whose next record is not due yet is sought back to that
 record and paused; the loop keeps polling (other partitions flow, the consumer stays
 in its group however long the wait) and resumes the partition when it is due.
+
+Invariant: while a circuit breaker holds (``all_until``), every assigned partition is
+paused: those assigned at the time at once, those a rebalance assigns later at the
+next turn of the loop (:meth:`PauseBook.resume_due`; a record fetched before that is
+sought back by the loop, never handled). When it lifts, every partition resumes but
+those whose own record is not due yet.
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ class PauseBook:
         """Waits of partitions taken away by a rebalance, kept in case they come back."""
         self.all_until: int | None = None
         """While set, every assigned partition waits (the pause strategy's breaker)."""
+        self._all_paused: set[Partition] = set()
+        """The partitions paused for the breaker (to pause those assigned since)."""
 
     def wait(self, partition: Partition, offset: int, until_ms: int) -> None:
         """Rewind `partition` to `offset` and hold it until `until_ms`."""
@@ -32,8 +40,22 @@ class PauseBook:
         self._until[partition] = max(until_ms, self._until.get(partition, 0))
 
     def pause_all(self, until_ms: int) -> None:
+        """Hold every assigned partition, and any assigned later, until ``until_ms``."""
         self.all_until = max(until_ms, self.all_until or 0)
-        self._consumer.pause(self._consumer.assignment())
+        assignment = self._consumer.assignment()
+        self._consumer.pause(assignment)
+        self._all_paused = {(tp.topic, tp.partition) for tp in assignment}
+
+    def _pause_newly_assigned(self) -> None:
+        """A rebalance during a breaker: pause the partitions it brought."""
+        new = [
+            tp
+            for tp in self._consumer.assignment()
+            if (tp.topic, tp.partition) not in self._all_paused
+        ]
+        if new:
+            self._consumer.pause(new)
+            self._all_paused.update((tp.topic, tp.partition) for tp in new)
 
     @property
     def active(self) -> bool:
@@ -53,8 +75,10 @@ class PauseBook:
         """Resume what is due; a consumer-wide pause lifts all at once."""
         if self.all_until is not None:
             if now_ms < self.all_until:
+                self._pause_newly_assigned()
                 return
             self.all_until = None
+            self._all_paused = set()
             held = set(self._until)
             self._consumer.resume(
                 [
@@ -82,9 +106,13 @@ class PauseBook:
         keep them paused if a rebalance gives them back, and park their due times, so a
         record fetched after they come back waits until due again (never early)."""
         held = [p for p in partitions if p in self._until]
-        if held:
+        # Paused for a breaker: resumed too, and paused again if it comes back while
+        # the breaker still holds (at the next turn).
+        to_resume = held + [p for p in partitions if p in self._all_paused and p not in held]
+        self._all_paused -= partitions
+        if to_resume:
             with contextlib.suppress(KafkaException):
-                self._consumer.resume([TopicPartition(t, p) for t, p in held])
+                self._consumer.resume([TopicPartition(t, p) for t, p in to_resume])
         for partition in held:
             self._parked[partition] = self._until.pop(partition)
 

@@ -38,6 +38,7 @@ from redrive.consumer.offsets import Partition
 from redrive.consumer.publisher import Publisher
 from redrive.consumer.routes import Kind, Route
 from redrive.consumer.strategies import Wait
+from redrive.consumer.strategies.pause import Breakers
 from redrive.headers import Header, RetryHeaders, is_redrive_header
 from redrive.kafka import read_headers
 from redrive.policy import DeadLetter, Retry
@@ -70,6 +71,7 @@ class Records:
         metrics: ConsumerMetrics,
         on_retry: RetryHook | None,
         on_dead_letter: DeadLetterHook | None,
+        breakers: Breakers | None = None,
     ) -> None:
         self.group = group
         self.reads = reads
@@ -83,10 +85,51 @@ class Records:
         partition's wait is parked (see :meth:`redrive.consumer.pauses.PauseBook.release`)."""
         self.handled: dict[str, int] = {}
         """Records handled in the current batch, by route topic."""
+        self.breakers = breakers if breakers is not None else Breakers()
+        """The pause handlers' circuit breakers (the loop ticks them each turn)."""
+        self.circuits = self.breakers.by_topic
 
     def process(self, record: KafkaMessage, topic: str, partition: int, offset: int) -> Wait | None:
         """Deal with one record; None when it is dealt with, else how long to wait."""
         route, kind = self.reads[topic]
+        message = self.prepare(route, kind, record, topic, partition, offset)
+        if not isinstance(message, Message):
+            return message  # dealt with before its handler (a dead letter), or waiting
+        state = self.in_place.get((topic, partition)) if self.in_place else None
+        if state is not None and state.offset != offset:
+            state = None
+        circuit = self.circuits.get(route.topic) if self.circuits else None
+        if circuit is not None and circuit.state:  # open or half-open: may it pass?
+            held = circuit.admit()
+            if held is not None:
+                return held
+        try:
+            result = route.handler(message)
+        except Exception as exc:  # noqa: BLE001 - the handler's failure is what we handle
+            return self._failed(route, message, state, exc)
+        if result is not None and inspect.isawaitable(result):
+            # An async function behind a plain one: its body never ran.
+            return self._failed(route, message, state, refuse_awaitable(result))
+        handled = self.handled
+        handled[route.topic] = handled.get(route.topic, 0) + 1
+        if state is not None:
+            del self.in_place[(topic, partition)]
+        if circuit is not None:
+            circuit.succeeded()
+        return None
+
+    def prepare(
+        self,
+        route: Route,
+        kind: Kind,
+        record: KafkaMessage,
+        topic: str,
+        partition: int,
+        offset: int,
+    ) -> Message | Wait | None:
+        """A record up to its handler: the Message to hand it (single or in a batch),
+        None when it is dealt with already (unreadable headers, a value that does not
+        deserialize: a dead letter), or a Wait (a tier record not due yet)."""
         headers, unreadable = read_headers(record)
         delivery = None
         user_headers = headers
@@ -136,18 +179,7 @@ class Records:
             failures + 1,
             delivery,
         )
-        try:
-            result = route.handler(message)
-        except Exception as exc:  # noqa: BLE001 - the handler's failure is what we handle
-            return self._failed(route, message, state, exc)
-        if result is not None and inspect.isawaitable(result):
-            # An async function behind a plain one: its body never ran.
-            return self._failed(route, message, state, refuse_awaitable(result))
-        handled = self.handled
-        handled[route.topic] = handled.get(route.topic, 0) + 1
-        if state is not None:
-            del self.in_place[(topic, partition)]
-        return None
+        return message
 
     def unprocessable(
         self, record: KafkaMessage, topic: str, partition: int, offset: int, cause: Exception
@@ -163,6 +195,9 @@ class Records:
         )
         self.in_place.pop((topic, partition), None)
         route, _ = self.reads[topic]
+        circuit = self.circuits.get(route.topic) if self.circuits else None
+        if circuit is not None:
+            circuit.released()  # not a probe's outcome
         readable = read_headers(record)[0]
         headers = [(k, v) for k, v in readable if not is_redrive_header(k)]
         shown = safe_repr(cause)
@@ -171,6 +206,11 @@ class Records:
         problem = f"redrive could not process this record ({shown})"
         failure = _failure(record, topic, partition, offset, headers, None, 1)
         self._reject(route, failure, None, error, problem)
+
+    def failed(self, route: Route, message: Message, error: BaseException) -> Wait | None:
+        """A handled record failed with ``error`` outside :meth:`process` (one record of
+        a batch): routed and carried out as if its own handler had raised it."""
+        return self._failed(route, message, None, error)
 
     def _failed(
         self, route: Route, message: Message, state: InPlace | None, error: BaseException
@@ -207,11 +247,14 @@ class Records:
             if isinstance(outcome, DeadLettered)
             else f"retry in {outcome.decision.delay_ms} ms",
         )
+        # The pause strategy's breaker counts the failure, and may widen the wait.
+        circuit = self.circuits.get(route.topic) if self.circuits else None
         if isinstance(outcome, DeadLettered):
             self.in_place.pop(tp, None)
             self._dead_letter(route, failure, outcome, message, error)
-            return None
-        return self._retry(route, failure, outcome, message, state, error)
+            return None if circuit is None else circuit.failed(outcome, None)
+        wait = self._retry(route, failure, outcome, message, state, error)
+        return wait if circuit is None else circuit.failed(outcome, wait)
 
     def _retry(
         self,

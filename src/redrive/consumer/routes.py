@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
+from redrive.consumer.breaker import Breaker
 from redrive.consumer.strategies import BY_NAME, DeadLetterTarget, Kind, RetryStrategy
 from redrive.errors import ConfigError
 from redrive.policy import Policy, PolicyError, policy
@@ -51,6 +52,9 @@ class HandlerOptions(TypedDict, total=False):
     value_deserializer: Callable[[bytes], Any] | None
     dead_letters: DeadLetterTarget | None
     per_group_topic: bool
+    breaker: Breaker | None
+    """The ``pause`` strategy's circuit breaker (default: ``Breaker()``; see
+    :class:`redrive.consumer.breaker.Breaker`); other strategies have none."""
 
 
 @dataclass
@@ -65,6 +69,8 @@ class Route:
     per_group_topic: bool = False
     tiers: dict[int, str] = field(default_factory=dict)
     """Nominal delay (ms) -> tier topic, for the `topics` strategy."""
+    breaker: Breaker | None = None
+    """The circuit breaker's settings (the `pause` strategy)."""
     plan: RetryStrategy = field(init=False, repr=False, compare=False)
     """What the strategy does (the object behind the name ``strategy``)."""
     router: Router = field(init=False, repr=False, compare=False)
@@ -148,6 +154,21 @@ def build_route(
             "only the service strategy delivers to a per-group topic",
         )
     default_target = plan.default_dead_letters if plan is not None else "topic"
+    breaker = options.get("breaker")
+    if breaker is not None and not isinstance(breaker, Breaker):
+        raise ConfigError(
+            f"breaker for {topic!r}",
+            f"{breaker!r} is not a Breaker",
+            'use breaker=Breaker(failures=5, window="30s", open_for="5s")',
+        )
+    if breaker is not None and plan is not None and plan.default_breaker is None:
+        raise ConfigError(
+            f"breaker for {topic!r}",
+            f"the {strategy} strategy has no circuit breaker",
+            "use strategy='pause', or drop breaker=",
+        )
+    if breaker is None and plan is not None:
+        breaker = plan.default_breaker
     return Route(
         topic,
         fn,
@@ -157,6 +178,7 @@ def build_route(
         options.get("value_deserializer"),
         options.get("dead_letters") or default_target,
         per_group_topic,
+        breaker=breaker,
     )
 
 

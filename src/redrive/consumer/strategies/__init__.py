@@ -1,9 +1,10 @@
 """The strategies: how the waiting for a retry happens, one module each.
 
 - :mod:`~redrive.consumer.strategies.blocking`: retried in place, its partition paused;
-- :mod:`~redrive.consumer.strategies.pause`: retried in place, every partition paused
-  (a circuit breaker);
-- :mod:`~redrive.consumer.strategies.topics`: through retry topics, one per delay;
+- :mod:`~redrive.consumer.strategies.pause`: retried in place, its partition paused,
+  and every partition while its circuit breaker is open;
+- :mod:`~redrive.consumer.strategies.topics`: through retry topics, one per delay and
+  consumer group;
 - :mod:`~redrive.consumer.strategies.service`: through the retry service.
 
 Each implements :class:`~redrive.consumer.strategies.base.RetryStrategy`. A new

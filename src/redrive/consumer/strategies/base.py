@@ -22,6 +22,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar, Literal, Protocol, TypeAlias
 
+from redrive.consumer.breaker import Breaker
 from redrive.headers import RetryHeaders
 from redrive.policy import Policy, Retry
 from redrive.router import FailedRecord, RetryTarget
@@ -55,6 +56,12 @@ class Wait:
 
     until_ms: int
     all_partitions: bool = False
+    all_until_ms: int | None = None
+    """With ``all_partitions``: when the other partitions may go on (None: ``until_ms``);
+    the pause strategy's breaker, while the record itself waits for its own retry."""
+    dealt_with: bool = False
+    """The record itself is dealt with (dead-lettered by a failure that opened the
+    breaker): its partition waits from the next record on."""
 
 
 class RetryStrategy(ABC):
@@ -66,6 +73,9 @@ class RetryStrategy(ABC):
     """Where dead letters go unless the handler says (``dead_letters=``)."""
     per_group_topic: ClassVar[bool] = False
     """Whether retries can come back on ``<group>.<topic>.retry`` (``per_group_topic=``)."""
+    default_breaker: ClassVar[Breaker | None] = None
+    """The circuit breaker of a handler that names none (``breaker=``); None: the
+    strategy has no breaker, and refuses one."""
 
     def prepare(self, route: Route) -> None:  # noqa: B027 - most strategies derive nothing
         """Derive what the strategy needs from a route being registered (raise
