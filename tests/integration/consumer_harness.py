@@ -65,18 +65,27 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float) -> bool:
     return predicate()
 
 
-@contextmanager
-def running_app(app: App) -> Iterator[App]:
+def in_thread(
+    target: Callable[[], object], name: str
+) -> tuple[threading.Thread, list[BaseException]]:
+    """Start ``target`` in a daemon thread; returns the thread and the list that gets
+    what it raised (an App's run, a docs example that runs one)."""
     errors: list[BaseException] = []
 
     def run() -> None:
         try:
-            app.run(install_signal_handlers=False)
+            target()
         except BaseException as exc:
             errors.append(exc)
 
-    thread = threading.Thread(target=run, name="test-app", daemon=True)
+    thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
+    return thread, errors
+
+
+@contextmanager
+def running_app(app: App) -> Iterator[App]:
+    thread, errors = in_thread(lambda: app.run(install_signal_handlers=False), "test-app")
     assert app.running.wait(30) or errors, "the app did not start"
     if errors:
         raise errors[0]

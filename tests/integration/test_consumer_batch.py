@@ -20,7 +20,7 @@ import pytest
 
 from redrive import App, BatchFailed, Message
 from redrive.headers import decode
-from tests.integration.consumer_harness import retry_service, running_app, wait_for
+from tests.integration.consumer_harness import in_thread, retry_service, running_app, wait_for
 from tests.integration.service_harness import Collector, produce
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "consumer.md"
@@ -271,16 +271,9 @@ def test_the_docs_example_saves_a_batch_and_dead_letters_the_bad_order(
         assert source.count(old) == 1, f"the docs example no longer says {old}"
         source = source.replace(old, new)
     namespace: dict[str, Any] = {}
-    errors: list[BaseException] = []
-
-    def run() -> None:  # app.run() in the example: in a thread, stopped by the test
-        try:
-            exec(compile(source, str(DOC), "exec"), namespace)
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=run, name="docs-example", daemon=True)
-    thread.start()
+    # app.run() in the example: in a thread, stopped by the test
+    code = compile(source, str(DOC), "exec")
+    thread, errors = in_thread(lambda: exec(code, namespace), "docs-example")
     try:
         assert wait_for(lambda: bool(errors) or "app" in namespace, 30), "the example did not start"
         assert wait_for(lambda: bool(errors) or namespace["app"].running.is_set(), 30)

@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from redrive import App, FatalError, Message
 from redrive.errors import ConfigError
 from redrive.ports import port_in_use
-from tests.integration.consumer_harness import running_app
+from tests.integration.consumer_harness import in_thread, running_app
 from tests.integration.service_harness import produce, wait_until
 
 integration = pytest.mark.integration
@@ -118,16 +118,7 @@ def assert_closed(url: str, port: int) -> None:
 @contextmanager
 def app_thread(app: App) -> Iterator[list[BaseException]]:
     """Run the App in a thread that may raise; yields what it raised (once joined)."""
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            app.run(install_signal_handlers=False)
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=run, name="test-app", daemon=True)
-    thread.start()
+    thread, errors = in_thread(lambda: app.run(install_signal_handlers=False), "test-app")
     try:
         yield errors
     finally:
@@ -364,16 +355,9 @@ def test_the_docs_example_serves_its_metrics(bootstrap: str, new_topic: Callable
         },
     )
     namespace: dict[str, Any] = {}
-    errors: list[BaseException] = []
-
-    def run() -> None:  # app.run() in the example: in a thread, stopped by the test
-        try:
-            exec(compile(source, str(DOC), "exec"), namespace)
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=run, name="docs-example", daemon=True)
-    thread.start()
+    # app.run() in the example: in a thread, stopped by the test
+    code = compile(source, str(DOC), "exec")
+    thread, errors = in_thread(lambda: exec(code, namespace), "docs-example")
     try:
         wait_until(
             lambda: bool(errors) or ("app" in namespace and namespace["app"].running.is_set()),
