@@ -4,6 +4,14 @@ on the same topic, the same messages and the same handler work, for two workload
 - `noop`: the handler only takes the value's length: the whole difference is
   redrive's per-record overhead;
 - `json`: the handler parses the 1 KiB JSON value, the least a real handler does.
+
+Beside the four strategies with a plain handler, two more rows, both strategy
+`service`: `async`, the same work in an `async def` handler that never awaits (what
+redrive's event loop, tasks and lanes cost, not I/O), with the App's default
+`max_in_flight`; `batch`, a batch handler (`max_records=500, max_wait=0`) doing the
+work for each message of its list. The records have keys (`kafka_raw.produce`: 1,000
+distinct ones), so the async handler's records go through per-key lanes as in real
+use.
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ PAYLOAD = json.dumps(_DOC).encode()  # valid JSON, exactly 1 KiB
 WORK: dict[str, Callable[[bytes], Any]] = {"noop": len, "json": json.loads}
 
 STRATEGIES = ("blocking", "pause", "topics", "service")
+VARIANTS = (*STRATEGIES, "async", "batch")
+"""The rows: a plain handler with each strategy, then an async and a batch handler."""
 
 
 def bare_loop(bootstrap: str, topic: str, n: int, work: Callable[[bytes], Any]) -> float:
@@ -55,8 +65,11 @@ def bare_loop(bootstrap: str, topic: str, n: int, work: Callable[[bytes], Any]) 
 
 
 def app_loop(
-    bootstrap: str, topic: str, n: int, strategy: str, work: Callable[[bytes], Any]
+    bootstrap: str, topic: str, n: int, variant: str, work: Callable[[bytes], Any]
 ) -> float:
+    """Seconds from the first record handled to the n-th, through an App: a plain
+    handler with strategy `variant`, or (`async`, `batch`) the same work in an async
+    or a batch handler, strategy `service`."""
     app = App(bootstrap, group=uuid.uuid4().hex, consumer_kafka=CONSUMER_TUNING)
     state = {"seen": 0, "started": 0.0}
     done = threading.Event()
@@ -70,21 +83,41 @@ def app_loop(
             done.set()
             app.stop()
 
-    app.add_handler(topic, handler, policy="1s", strategy=strategy)  # type: ignore[arg-type]
+    async def async_handler(message: Message) -> None:
+        handler(message)  # no await: the event loop's cost, not I/O
+
+    def batch_handler(batch: list[Message]) -> None:
+        if not state["seen"]:
+            state["started"] = time.perf_counter()
+        for message in batch:
+            work(message.raw_value or b"{}")
+        state["seen"] += len(batch)
+        if state["seen"] >= n:
+            done.set()
+            app.stop()
+
+    if variant == "async":
+        app.add_handler(topic, async_handler, policy="1s", strategy="service")
+    elif variant == "batch":
+        app.add_batch_handler(
+            topic, batch_handler, max_records=500, max_wait=0, policy="1s", strategy="service"
+        )
+    else:
+        app.add_handler(topic, handler, policy="1s", strategy=variant)  # type: ignore[arg-type]
     thread = threading.Thread(target=lambda: app.run(install_signal_handlers=False), daemon=True)
     thread.start()
     if not done.wait(600):
         app.stop()
-        raise RuntimeError(f"{strategy}: only {state['seen']} of {n} handled")
+        raise RuntimeError(f"{variant}: only {state['seen']} of {n} handled")
     elapsed = time.perf_counter() - state["started"]
     thread.join(60)
     return elapsed
 
 
 def run(bootstrap: str, n: int, rounds: int = 3) -> dict[str, dict[str, dict[str, float]]]:
-    """{workload: {"bare" | strategy: {"per_s", "ratio"}}}, all on one topic.
+    """{workload: {"bare" | variant: {"per_s", "ratio"}}}, all on one topic.
 
-    Each of the `rounds` runs the bare loop and every strategy in turn, and each keeps
+    Each of the `rounds` runs the bare loop and every variant in turn, and each keeps
     its best time: on two cores shared with the broker, one run can be a third slower
     than the next for reasons of its own (where the fetches land in the loop).
     """
@@ -95,8 +128,8 @@ def run(bootstrap: str, n: int, rounds: int = 3) -> dict[str, dict[str, dict[str
         best: dict[str, float] = {}
         for _ in range(rounds):
             times = {"bare": bare_loop(bootstrap, topic, n, work)}
-            for strategy in STRATEGIES:
-                times[strategy] = app_loop(bootstrap, topic, n, strategy, work)
+            for variant in VARIANTS:
+                times[variant] = app_loop(bootstrap, topic, n, variant, work)
             best = {k: min(v, best.get(k, v)) for k, v in times.items()}
         results[name] = {k: {"per_s": n / v, "ratio": best["bare"] / v} for k, v in best.items()}
     return results

@@ -34,3 +34,11 @@ def tier_topic(group: str, topic: str, delay: str) -> str:
     ``<group>.<topic>.retry.<delay>``. Per group, as the per-group retry topic: a tier
     holds one group's retries, which another group reading ``topic`` must never see."""
     return f"{group}.{topic}.retry.{delay}"
+
+
+def single_retry_topic(group: str, topic: str) -> str:
+    """The ``retry-topic`` strategy's one retry topic of ``topic`` in consumer group
+    ``group``: ``<group>.<topic>.retry.all``, every retry whatever its delay. Per group,
+    as a tier. It cannot be one of the ``topics`` strategy's tiers, whose last part is a
+    duration (``5m``), nor the per-group retry topic ``<group>.<topic>.retry``."""
+    return f"{group}.{topic}.retry.all"

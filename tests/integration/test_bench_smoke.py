@@ -40,7 +40,7 @@ def test_every_benchmark_runs_and_reports_its_figures(tmp_path: Path) -> None:
         "3 scheduling precision",
         "4 5,000 pending",
         "4 e2e, 5,000 pending",
-        *(f"5 consumer {s}" for s in ("blocking", "pause", "topics", "service")),
+        *(f"5 consumer {s}" for s in ("blocking", "pause", "topics", "service", "async", "batch")),
         "6 spark pipeline",
         "6 spark latency, 1 record",
         "6 spark scheduler",

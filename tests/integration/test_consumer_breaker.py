@@ -5,6 +5,7 @@ flows again; the metric and the on_breaker hook show each state."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import threading
 import time
@@ -121,8 +122,9 @@ class Downstream:
             raise DatabaseDown("the database is down")
 
 
+@pytest.mark.parametrize("kind", ["def", "async def"])
 def test_the_breaker_opens_pauses_every_partition_probes_once_and_closes(
-    bootstrap: str, new_topic: Callable[..., str]
+    kind: str, bootstrap: str, new_topic: Callable[..., str]
 ) -> None:
     topic = new_topic("breaker", partitions=4)
     story = Story()
@@ -137,15 +139,34 @@ def test_the_breaker_opens_pauses_every_partition_probes_once_and_closes(
         metric = app.metrics.registry.get_sample_value(STATE, {"topic": topic})
         story.add(Change(old, new, now_ms(), metric))
 
-    def handler(message: Message) -> None:
+    def begin(message: Message) -> tuple[bool, bool]:
+        """Whether the database is up, and whether this call is the held probe."""
         ok = not failing.is_set()
         story.add(Call(message.partition, message.raw_value or b"", now_ms(), ok))
-        if hold_next.is_set():
+        held = hold_next.is_set()
+        if held:
             hold_next.clear()
             probing.set()
+        return ok, held
+
+    def plain(message: Message) -> None:
+        ok, held = begin(message)
+        if held:
             assert release.wait(30)
         if not ok:
             raise DatabaseDown("the database is down")
+
+    async def awaiting(message: Message) -> None:
+        # The same, the App's loop running its other records while the probe waits.
+        ok, held = begin(message)
+        for _ in range(3000 if held else 0):
+            if release.is_set():
+                break
+            await asyncio.sleep(0.01)
+        if not ok:
+            raise DatabaseDown("the database is down")
+
+    handler = plain if kind == "def" else awaiting
 
     app = App(bootstrap, group=f"g-{uuid.uuid4().hex[:8]}", metrics_port=0, on_breaker=on_breaker)
     app.add_handler(

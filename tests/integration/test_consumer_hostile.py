@@ -101,7 +101,7 @@ def test_a_handler_returning_a_coroutine_fails_its_record_by_its_policy(
     [(message, dead, error)] = deads  # ...then a dead letter, never counted as handled
     assert message is not None and message.raw_value == b"async"
     assert dead.reason is DeadLetterReason.ATTEMPTS_EXHAUSTED
-    assert isinstance(error, AsyncHandlerError) and "not supported yet" in str(error)
+    assert isinstance(error, AsyncHandlerError) and "does not await" in str(error)
     assert handled_count(app, topic) == 1  # "fine" only
     assert handled_count(app, topic, "retried") == 1
     assert handled_count(app, topic, "dead_lettered") == 1

@@ -16,7 +16,7 @@ from tests.integration.service_harness import Collector, dead_letters, produce
 
 pytestmark = pytest.mark.integration
 
-STRATEGIES = ["blocking", "pause", "topics", "service"]
+STRATEGIES = ["blocking", "pause", "topics", "retry-topic", "service"]
 POLICY = "1s, 2s"  # two retries: three attempts in all
 
 

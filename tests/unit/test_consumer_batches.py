@@ -99,7 +99,7 @@ def test_strategies_that_retry_in_place_are_refused(strategy: str) -> None:
         ConfigError, match=f"do not support '{strategy}' yet: it retries in place"
     ) as caught:
         app.add_batch_handler("orders", lambda batch: None, strategy=strategy)
-    assert "use strategy 'topics' or 'service'" in str(caught.value)
+    assert "use strategy 'topics' or 'retry-topic' or 'service'" in str(caught.value)
     assert app.routes == {}
 
 
@@ -137,7 +137,7 @@ def test_an_async_batch_handler_is_refused_at_registration() -> None:
     async def handle(batch: list[Message]) -> None:
         raise AssertionError("never run")
 
-    with pytest.raises(ConfigError, match="async handlers are not supported yet"):
+    with pytest.raises(ConfigError, match="async batch handlers are not supported yet"):
         app.batch_handler("orders", strategy="topics")(handle)
     assert app.routes == {}
 

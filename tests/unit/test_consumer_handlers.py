@@ -77,15 +77,36 @@ def test_plain_callables_are_not(name: str) -> None:
     assert not is_async_callable(PLAIN[name])
 
 
-@pytest.mark.parametrize("name", ASYNC)
-def test_an_async_handler_is_refused_at_registration(name: str) -> None:
+@pytest.mark.parametrize("name", sorted(set(ASYNC) - {"async generator"}))
+def test_an_async_handler_is_registered_as_one(name: str) -> None:
     app = App("localhost:1", group="g")
-    with pytest.raises(ConfigError, match="async handlers are not supported yet") as refused:
-        app.add_handler("orders", ASYNC[name], strategy="blocking")
+    app.add_handler("orders", ASYNC[name], strategy="blocking")
+    app.handler("payments", strategy="topics")(ASYNC[name])
+    assert app.routes["orders"].is_async and app.routes["payments"].is_async
+
+
+@pytest.mark.parametrize(
+    "handler", [async_generator_handler, functools.partial(async_generator_handler)]
+)
+def test_an_async_generator_handler_is_refused_at_registration(handler: object) -> None:
+    app = App("localhost:1", group="g")
+    with pytest.raises(ConfigError, match="async generator") as refused:
+        app.add_handler("orders", handler, strategy="blocking")  # type: ignore[arg-type]
     assert "handler for 'orders'" in str(refused.value) and "fix:" in str(refused.value)
-    with pytest.raises(ConfigError, match="async handlers are not supported yet"):
-        app.handler("orders", strategy="topics")(ASYNC[name])
     assert app.routes == {}  # nothing half-registered
+
+
+@pytest.mark.parametrize("name", PLAIN)
+def test_a_plain_handler_is_registered_as_plain(name: str) -> None:
+    app = App("localhost:1", group="g")
+    app.add_handler("orders", PLAIN[name], strategy="service")
+    assert not app.routes["orders"].is_async
+
+
+@pytest.mark.parametrize("bound", [0, -1, 1.5, True, "10", None])
+def test_max_in_flight_must_be_a_whole_number(bound: object) -> None:
+    with pytest.raises(ConfigError, match=r"max_in_flight"):
+        App("localhost:1", group="g", max_in_flight=bound)  # type: ignore[arg-type]
 
 
 def test_a_plain_handler_is_accepted_and_a_non_callable_refused() -> None:
@@ -112,7 +133,7 @@ def test_a_returned_coroutine_is_closed_unrun_and_without_a_warning() -> None:
     assert not ran
     assert [w for w in caught if issubclass(w.category, RuntimeWarning)] == []
     assert isinstance(error, AsyncHandlerError) and isinstance(error, TypeError)
-    assert "coroutine" in str(error) and "async handlers are not supported yet" in str(error)
+    assert "coroutine" in str(error) and "declare the handler itself async def" in str(error)
     assert type(error).__module__ == "redrive.consumer"
 
 

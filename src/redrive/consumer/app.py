@@ -6,8 +6,9 @@ goes through :class:`redrive.consumer.records.Records`: its handler runs, and a 
 goes to the failure router (:mod:`redrive.router`), which decides between a retry and
 a dead letter with the handler's policy. The handler's strategy
 (:mod:`redrive.consumer.strategies`, one module each) says how the waiting happens:
-retried in place (``blocking``, ``pause``), through retry topics (``topics``) or
-through the retry service (``service``).
+retried in place (``blocking``, ``pause``), through retry topics (``topics``, one per
+delay; ``retry-topic``, seed 000's single one) or through the retry service
+(``service``).
 
 Offsets are committed only past records dealt with: handled, or handed off to Kafka
 and acknowledged. On a revoke the App commits what it dealt with and forgets the
@@ -34,6 +35,7 @@ from confluent_kafka.admin import AdminClient
 from prometheus_client import CollectorRegistry
 
 from redrive.client_logs import with_client_logs
+from redrive.consumer.async_records import DEFAULT_MAX_IN_FLIGHT, AsyncRecords
 from redrive.consumer.batches import (
     DEFAULT_MAX_RECORDS,
     DEFAULT_MAX_WAIT_S,
@@ -47,7 +49,7 @@ from redrive.consumer.errors import (
     UnprocessableRecordError,
     UnreadableHeadersError,
 )
-from redrive.consumer.handlers import check_handler
+from redrive.consumer.handlers import check_handler, is_async_callable
 from redrive.consumer.loop import flush_batches, poll_once
 from redrive.consumer.message import Message
 from redrive.consumer.metrics import ConsumerMetrics
@@ -103,6 +105,10 @@ class App:
     (:attr:`metrics_url` says which). A port in use stops :meth:`run` with a
     ConfigError before anything is consumed.
 
+    ``max_in_flight`` bounds the records of ``async def`` handlers accepted and not
+    dealt with yet (running, or waiting for an earlier record of their key or
+    partition); see :mod:`redrive.consumer.async_records`.
+
     ``on_retry(message, retry, error)`` and ``on_dead_letter(message, dead, error)`` are
     called for each decision, ``on_breaker(topic, old_state, new_state)`` on each
     transition of a ``pause`` handler's circuit breaker
@@ -119,6 +125,7 @@ class App:
         instance_id: str | None = None,
         requests_topic: str | None = None,
         batch_size: int = 500,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         commit_interval_s: float = 1.0,
         poll_timeout_s: float = 0.1,
         on_retry: RetryHook | None = None,
@@ -139,6 +146,14 @@ class App:
             "REDRIVE_REQUESTS_TOPIC", REQUESTS_TOPIC
         )
         self.batch_size = batch_size
+        if type(max_in_flight) is not int or max_in_flight < 1:
+            raise ConfigError(
+                "App(max_in_flight=...)",
+                f"{max_in_flight!r} is not a whole number >= 1",
+                f"use the default {DEFAULT_MAX_IN_FLIGHT}, or how many records your "
+                "handlers may work on at once",
+            )
+        self.max_in_flight = max_in_flight
         self.commit_interval_s = commit_interval_s
         self.poll_timeout_s = poll_timeout_s
         self.on_retry = on_retry
@@ -156,6 +171,7 @@ class App:
         self.routes: dict[str, Route] = {}
         self._batched: dict[str, BatchSettings] = {}
         self._batches: Batches | None = None
+        self._async: AsyncRecords | None = None
         self._reads: dict[str, tuple[Route, Kind]] = {}
         self._stop = threading.Event()
         self.running = threading.Event()
@@ -170,10 +186,12 @@ class App:
 
         ``policy`` is a schedule (``"5s x3, 30s x2"``, ``"[10, 60]"``,
         ``"exponential 1s x2 max 1m retries 8"``) or a :class:`redrive.policy.Policy`
-        (default ``"1s, 10s, 1m"``); ``strategy`` is ``blocking``, ``pause``, ``topics`` or
-        ``service`` (the default). ``dead_letters`` is ``"service"`` (the retry service's
-        store; the default with strategy ``service``) or ``"topic"`` (``<topic>.dlq``; the
-        default otherwise). See :class:`HandlerOptions` for the rest.
+        (default ``"1s, 10s, 1m"``); ``strategy`` is ``blocking``, ``pause``, ``topics``,
+        ``retry-topic`` or ``service`` (the default). ``dead_letters`` is ``"service"``
+        (the retry service's store; the default with strategy ``service``) or
+        ``"topic"`` (``<topic>.dlq``; the default otherwise). The handler may be
+        ``async def`` (see :mod:`redrive.consumer.async_records`). See
+        :class:`HandlerOptions` for the rest.
         """
 
         def register(fn: Handler) -> Handler:
@@ -214,8 +232,8 @@ class App:
         (0: a batch is what one poll returned). Raise :class:`redrive.BatchFailed`
         naming the failed records to retry or dead-letter only those; any other
         exception fails every record of the batch, each by its own policy. Strategies
-        ``topics`` and ``service`` only. The other options are :meth:`handler`'s; see
-        :mod:`redrive.consumer.batches`.
+        ``topics``, ``retry-topic`` and ``service`` only (not those retrying in place).
+        The other options are :meth:`handler`'s; see :mod:`redrive.consumer.batches`.
         """
 
         def register(fn: Handler) -> Handler:
@@ -236,6 +254,12 @@ class App:
         """The same as :meth:`batch_handler`, without the decorator."""
         # "service" is build_route's default strategy.
         settings = batch_settings(topic, options.get("strategy", "service"), max_records, max_wait)
+        if is_async_callable(fn):
+            raise ConfigError(
+                f"batch handler for {topic!r}",
+                "async batch handlers are not supported yet",
+                "use a plain def batch handler, or an async def single-record handler",
+            )
         # Registered as a handler (same checks, same route); the loop hands it lists.
         self.add_handler(topic, cast(Callable[[Message], Any], fn), **options)
         self._batched[topic] = settings
@@ -294,6 +318,19 @@ class App:
         self._offsets = OffsetTracker()
         self._pauses = PauseBook(consumer)
         self._batches = Batches(self._records, self._batched) if self._batched else None
+        async_topics = frozenset(t for t, (route, _) in self._reads.items() if route.is_async)
+        self._async = (
+            AsyncRecords(
+                self._records,
+                self._offsets,
+                self._pauses,
+                consumer,
+                async_topics,
+                self.max_in_flight,
+            )
+            if async_topics
+            else None
+        )
         consumer.subscribe(
             list(self._reads),
             on_assign=self._on_assign,
@@ -306,13 +343,16 @@ class App:
         self._looping = True
         try:
             while not self._stop.is_set():
-                self._last_turn = time.monotonic()
-                self._poll_once()
+                turn = time.monotonic()
+                if self._poll_once():  # health: a turn that could not poll does not count
+                    self._last_turn = turn
                 if time.monotonic() - last_commit >= self.commit_interval_s:
                     self._commit(asynchronous=True)
                     last_commit = time.monotonic()
             if self._batches is not None:  # stopping: what waits in a batch is handled
                 flush_batches(self._batches, self._records, self._offsets, self.metrics)
+            if self._async is not None:  # stopping: what runs may end, the rest waits
+                self._async.drain(None)
         except BaseException as exc:
             self._loop_error = f"{type(exc).__name__}: {exc}"
             raise
@@ -381,9 +421,9 @@ class App:
         log.info("signal received; stopping", signal=signal.Signals(signum).name)
         self._stop.set()
 
-    def _poll_once(self) -> None:
+    def _poll_once(self) -> bool:
         assert self._consumer is not None
-        poll_once(
+        return poll_once(
             self._consumer,
             self._records,
             self._offsets,
@@ -393,6 +433,7 @@ class App:
             self.poll_timeout_s,
             self._fatal,
             self._batches,
+            self._async,
         )
 
     def _fatal(self, error: KafkaError) -> Exception:
@@ -432,6 +473,8 @@ class App:
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         lost = {(p.topic, p.partition) for p in partitions}
         try:
+            if self._async is not None:  # what runs for them ends before the commit
+                self._async.drain(lost)
             self._commit(asynchronous=False, partitions=lost)
         finally:
             self._forget(lost)
@@ -456,6 +499,8 @@ class App:
                 self._records.in_place.pop(partition, None)
         if self._batches is not None:
             self._batches.forget(partitions)
+        if self._async is not None:
+            self._async.in_flight.forget(partitions)
 
     def _shutdown(self) -> None:
         consumer = self._consumer
@@ -466,6 +511,9 @@ class App:
         finally:
             if consumer is not None:
                 consumer.close()
+            if self._async is not None:
+                self._async.close()
+                self._async = None
             self._producer.close()
             self.running.clear()
             log.info("consumer stopped", group=self.group)

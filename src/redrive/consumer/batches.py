@@ -64,9 +64,9 @@ from redrive.policy import PolicyError
 
 log = structlog.get_logger("redrive.consumer")
 
-BATCH_STRATEGIES = ("topics", "service")
-"""The strategies a batch handler may use: those that hand a retry off (see the module).
-By name, since whether a strategy retries in place is not a property of its class yet."""
+BATCH_STRATEGIES = tuple(name for name, plan in BY_NAME.items() if not plan.in_place)
+"""The strategies a batch handler may use: those that hand a retry off, not those that
+retry in place (see the module)."""
 DEFAULT_MAX_RECORDS = 500
 DEFAULT_MAX_WAIT_S = 0.0
 

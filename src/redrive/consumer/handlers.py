@@ -1,10 +1,13 @@
-"""What a handler may be: a plain function (or callable) that returns when done.
+"""What a handler may be: a plain function (or callable) that returns when done, or an
+``async def`` one, which the App runs on its event loop
+(:mod:`redrive.consumer.async_records`).
 
-The loop calls handlers synchronously and counts a record as handled as soon as its
-handler returns. An ``async def`` handler would return a coroutine without running
-its body, and every record would be committed as handled: such handlers are refused
-at registration, and a handler that returns an awaitable anyway (a plain function
-wrapping an async one) fails its record instead of counting it as handled.
+Which of the two a handler is, is decided once, at registration
+(:func:`is_async_callable`). A plain function that returns an awaitable anyway (one
+wrapping an async function) fails its record with :class:`AsyncHandlerError` instead
+of counting it as handled: redrive does not await what a plain handler returns, so
+its body never ran. An async generator function is refused: it cannot say when it is
+done with a record.
 """
 
 from __future__ import annotations
@@ -17,17 +20,15 @@ from redrive.errors import ConfigError
 
 
 class AsyncHandlerError(TypeError):
-    """A handler returned an awaitable (a coroutine): redrive does not run it, so the
-    record failed. The policy decides what follows, as for any other failure."""
+    """A plain (``def``) handler returned an awaitable (a coroutine): redrive does not
+    run it, so the record failed. The policy decides what follows, as for any other
+    failure."""
 
 
 # Dead letters name it by the public name users import and search for.
 AsyncHandlerError.__module__ = "redrive.consumer"
 
-_FIX = (
-    "use a plain def handler; to call async code from it, run it to completion there "
-    "(asyncio.run, or asyncio.run_coroutine_threadsafe(...).result() on a loop of yours)"
-)
+_FIX = "declare the handler itself async def: the App awaits it on its event loop"
 
 
 def is_async_callable(fn: object) -> bool:
@@ -48,12 +49,16 @@ def check_handler(topic: str, fn: object) -> None:
     """Refuse at registration what the loop cannot run: ConfigError with a fix."""
     if not callable(fn):
         raise ConfigError(f"handler for {topic!r}", f"{fn!r} is not callable")
-    if is_async_callable(fn):
+    target: object = fn
+    while isinstance(target, functools.partial):
+        target = target.func
+    call = target if inspect.isroutine(target) else getattr(type(target), "__call__", None)  # noqa: B004
+    if inspect.isasyncgenfunction(target) or inspect.isasyncgenfunction(call):
         name = getattr(fn, "__qualname__", None) or type(fn).__qualname__
         raise ConfigError(
             f"handler for {topic!r}",
-            f"{name} is async (async def); async handlers are not supported yet",
-            _FIX,
+            f"{name} is an async generator function, which never says it is done",
+            "use async def with return (or a plain def)",
         )
 
 
@@ -65,5 +70,5 @@ def refuse_awaitable(result: Any) -> AsyncHandlerError:
         result.close()  # never started: none of its code runs
     return AsyncHandlerError(
         f"the handler returned {type(result).__qualname__}, an awaitable, which redrive "
-        f"does not await: async handlers are not supported yet ({_FIX})"
+        f"does not await from a plain def handler ({_FIX})"
     )

@@ -13,6 +13,11 @@ Invariants:
   open time is over; the failed record's own partition until its retry is due too);
   each turn first moves the breakers whose open time is over to half-open;
 - the loop never sleeps: the poll timeout shrinks to the next due time;
+- a record of an async route (``async def`` handler) is taken into its lane
+  (:mod:`redrive.consumer.async_records`), and its position moves once it is dealt
+  with; while such records are in flight, the waiting is done in the event loop (a
+  slice of at most ``TURN_S`` per turn) and Kafka is polled without waiting, and at
+  most as many records are fetched as there is room for;
 - a record of a batch route (``@app.batch_handler``) is taken into its route's
   pending batch, and its position moves only once that batch is through
   (:mod:`redrive.consumer.batches`); due batches are handed to their handlers at the
@@ -33,6 +38,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka import Message as KafkaMessage
 
 from redrive.clock import now_ms
+from redrive.consumer.async_records import TURN_S, AsyncRecords
 from redrive.consumer.batches import Batches
 from redrive.consumer.metrics import ConsumerMetrics
 from redrive.consumer.offsets import OffsetTracker, Partition
@@ -53,10 +59,13 @@ def poll_once(
     poll_timeout_s: float,
     on_fatal: Callable[[KafkaError], Exception],
     batches: Batches | None = None,
-) -> None:
+    async_records: AsyncRecords | None = None,
+) -> bool:
     """Poll one batch and deal with it (see the module). ``on_fatal`` makes the error
     to raise when the consumer reports itself dead (fenced, say). ``batches``: the
-    pending batches of the batch routes, if any."""
+    pending batches of the batch routes, if any; ``async_records``: the async routes'
+    records in flight, if any. Whether Kafka was polled (not when the async routes
+    have no room for more records)."""
     now = now_ms()
     if records.circuits:
         records.breakers.tick(now)  # open breakers whose time is over: half-open
@@ -67,15 +76,36 @@ def poll_once(
         timeout = min(timeout, max(next_due - now, 0) / 1000)
     if batches is not None:
         timeout = batches.timeout(timeout)
-    batch = consume_available(consumer, batch_size, timeout)
+    if async_records is not None:
+        room = async_records.room()
+        if not room:  # full: the event loop runs until a record leaves
+            records.handled.clear()
+            async_records.run(timeout)
+            _count(records, metrics)
+            return False
+        batch_size = min(batch_size, room)
+        if async_records.in_flight.count:
+            # Handlers await: the waiting is done in the event loop, not in consume.
+            batch = consume_available(consumer, batch_size, 0)
+            timeout = min(timeout, TURN_S)
+        else:
+            batch = consume_available(consumer, batch_size, timeout)
+            timeout = 0 if not batch else min(timeout, TURN_S)
+    else:
+        batch = consume_available(consumer, batch_size, timeout)
     if not batch and (batches is None or not batches.due(time.monotonic())):
-        return
+        if async_records is not None and async_records.in_flight.count:
+            records.handled.clear()
+            async_records.run(timeout)
+            _count(records, metrics)
+        return True
     rewound: set[Partition] = set()
     positions: dict[Partition, int] = {}
     records.handled.clear()
     process = records.process
     waiting = pauses.active  # refreshed when a record makes its partition wait
     batched = batches.topics if batches is not None else None
+    asyncs = async_records.topics if async_records is not None else None
     arrived = time.monotonic()
     started = time.perf_counter()
     for index, record in enumerate(batch):
@@ -99,6 +129,14 @@ def poll_once(
             pauses.wait(tp, offset, pauses.until(tp))
             rewound.add(tp)
             continue
+        if asyncs and topic in asyncs:
+            assert async_records is not None
+            hold = async_records.accept(record, topic, partition, offset)
+            if hold is not None:  # a tier record not due yet
+                pauses.wait(tp, offset, hold.until_ms)
+                waiting = True
+                rewound.add(tp)
+            continue  # else in its lane, positioned once dealt with
         if batched and topic in batched:
             hold = batched[topic].take(record, topic, partition, offset, arrived)
             if hold is not None:  # a tier record not due yet
@@ -129,12 +167,20 @@ def poll_once(
         positions.update(batches.flush(time.monotonic()))
     for tp, offset in positions.items():
         offsets.mark(tp, offset)
+    # Timed per batch, not per record: two clock reads per record cost more than
+    # redrive's own work on the success path. (The event loop's slice is not: it
+    # may wait for handlers that await.)
+    metrics.handler_seconds.inc(time.perf_counter() - started)
+    if async_records is not None:
+        async_records.run(timeout)
+    _count(records, metrics)
+    metrics.waiting_partitions.set(pauses.count())
+    return True
+
+
+def _count(records: Records, metrics: ConsumerMetrics) -> None:
     for topic, count in records.handled.items():
         metrics.records.labels(topic, "handled").inc(count)
-    # Timed per batch, not per record: two clock reads per record cost more than
-    # redrive's own work on the success path.
-    metrics.handler_seconds.inc(time.perf_counter() - started)
-    metrics.waiting_partitions.set(pauses.count())
 
 
 def _rewind_rest(consumer: Consumer, rest: list[KafkaMessage], rewound: set[Partition]) -> None:
@@ -160,5 +206,4 @@ def flush_batches(
     records.handled.clear()
     for tp, offset in batches.flush(time.monotonic(), force=True).items():
         offsets.mark(tp, offset)
-    for topic, count in records.handled.items():
-        metrics.records.labels(topic, "handled").inc(count)
+    _count(records, metrics)

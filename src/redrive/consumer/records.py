@@ -118,6 +118,28 @@ class Records:
             circuit.succeeded()
         return None
 
+    def state_of(self, topic: str, partition: int, offset: int) -> InPlace | None:
+        """The in-place retry state of the record at ``offset``, if it is being retried
+        in place (blocking, pause)."""
+        state = self.in_place.get((topic, partition)) if self.in_place else None
+        return state if state is not None and state.offset == offset else None
+
+    def admit(self, route: Route) -> Wait | None:
+        """Whether the route's circuit breaker lets a record reach its handler now
+        (None), else the wait that keeps it back (the pause strategy's breaker)."""
+        circuit = self.circuits.get(route.topic) if self.circuits else None
+        return circuit.admit() if circuit is not None and circuit.state else None
+
+    def succeeded(self, route: Route, message: Message, state: InPlace | None) -> None:
+        """A record's handler ended well outside :meth:`process` (an async handler):
+        counted, its in-place retry (if any) over, its breaker told."""
+        self.handled[route.topic] = self.handled.get(route.topic, 0) + 1
+        if state is not None:
+            self.in_place.pop((message.topic, message.partition), None)
+        circuit = self.circuits.get(route.topic) if self.circuits else None
+        if circuit is not None:
+            circuit.succeeded()
+
     def prepare(
         self,
         route: Route,
@@ -207,10 +229,17 @@ class Records:
         failure = _failure(record, topic, partition, offset, headers, None, 1)
         self._reject(route, failure, None, error, problem)
 
-    def failed(self, route: Route, message: Message, error: BaseException) -> Wait | None:
+    def failed(
+        self,
+        route: Route,
+        message: Message,
+        error: BaseException,
+        state: InPlace | None = None,
+    ) -> Wait | None:
         """A handled record failed with ``error`` outside :meth:`process` (one record of
-        a batch): routed and carried out as if its own handler had raised it."""
-        return self._failed(route, message, None, error)
+        a batch, an async handler): routed and carried out as if its own handler had
+        raised it; ``state``: its in-place retry so far (:meth:`state_of`)."""
+        return self._failed(route, message, state, error)
 
     def _failed(
         self, route: Route, message: Message, state: InPlace | None, error: BaseException

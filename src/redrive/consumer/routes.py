@@ -3,6 +3,8 @@
 Derived topic names follow the contract (the header contract's topic names):
 - `<group>.<topic>.retry.<delay>`: the `topics` strategy's tier for one delay (e.g.
   5m), per group as the next one;
+- `<group>.<topic>.retry.all`: the `retry-topic` strategy's one retry topic, per group
+  as the tiers;
 - `<topic>.dlq`: dead letters sent to a topic;
 - `<group>.<topic>.retry`: the `service` strategy's per-group destination, so that
   other groups reading `<topic>` do not see this group's retries.
@@ -19,14 +21,15 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypedDict
 
 from redrive.consumer.breaker import Breaker
+from redrive.consumer.handlers import is_async_callable
 from redrive.consumer.strategies import BY_NAME, DeadLetterTarget, Kind, RetryStrategy
 from redrive.errors import ConfigError
 from redrive.policy import Policy, PolicyError, policy
 from redrive.router import Router
 from redrive.topic_names import dead_letter_topic, per_group_retry_topic
 
-Strategy = Literal["blocking", "pause", "topics", "service"]
-STRATEGIES: tuple[Strategy, ...] = ("blocking", "pause", "topics", "service")
+Strategy = Literal["blocking", "pause", "topics", "retry-topic", "service"]
+STRATEGIES: tuple[Strategy, ...] = ("blocking", "pause", "topics", "retry-topic", "service")
 __all__ = [
     "STRATEGIES",
     "DeadLetterTarget",
@@ -49,6 +52,9 @@ class HandlerOptions(TypedDict, total=False):
     retryable: Callable[[BaseException], bool | None] | None
     max_attempts: int | None
     max_duration: str | float | None
+    deadline_from: Literal["first-failure", "record-timestamp"]
+    """Where ``max_duration`` is measured from: the first failure (the default), or the
+    original record's timestamp (seed 000's "maximum retry duration")."""
     value_deserializer: Callable[[bytes], Any] | None
     dead_letters: DeadLetterTarget | None
     per_group_topic: bool
@@ -71,6 +77,8 @@ class Route:
     """Nominal delay (ms) -> tier topic, for the `topics` strategy."""
     breaker: Breaker | None = None
     """The circuit breaker's settings (the `pause` strategy)."""
+    is_async: bool = False
+    """The handler is ``async def``: the App awaits it on its event loop."""
     plan: RetryStrategy = field(init=False, repr=False, compare=False)
     """What the strategy does (the object behind the name ``strategy``)."""
     router: Router = field(init=False, repr=False, compare=False)
@@ -144,6 +152,7 @@ def build_route(
             retryable=options.get("retryable"),
             max_attempts=options.get("max_attempts"),
             max_duration=options.get("max_duration"),
+            deadline_from=options.get("deadline_from"),
         )
     except PolicyError as exc:
         raise ConfigError(f"policy for {topic!r}", str(exc)) from None
@@ -179,6 +188,7 @@ def build_route(
         options.get("dead_letters") or default_target,
         per_group_topic,
         breaker=breaker,
+        is_async=is_async_callable(fn),
     )
 
 

@@ -73,6 +73,10 @@ class RetryStrategy(ABC):
     """Where dead letters go unless the handler says (``dead_letters=``)."""
     per_group_topic: ClassVar[bool] = False
     """Whether retries can come back on ``<group>.<topic>.retry`` (``per_group_topic=``)."""
+    in_place: ClassVar[bool] = False
+    """Whether a failed record is retried in place, its partition waiting: order is
+    kept per partition, so an async handler takes one record of a partition at a time
+    (otherwise one record of a key at a time)."""
     default_breaker: ClassVar[Breaker | None] = None
     """The circuit breaker of a handler that names none (``breaker=``); None: the
     strategy has no breaker, and refuses one."""

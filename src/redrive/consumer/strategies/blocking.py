@@ -14,6 +14,7 @@ from redrive.router import FailedRecord, RetryTarget
 
 class Blocking(RetryStrategy):
     name = "blocking"
+    in_place = True
 
     def retry_to(
         self, route: Route, record: FailedRecord, requests_topic: str

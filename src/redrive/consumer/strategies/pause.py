@@ -48,6 +48,7 @@ then 10 s, 20 s... at most 5 m while its probes fail."""
 
 class Pause(RetryStrategy):
     name = "pause"
+    in_place = True
     default_breaker = DEFAULT_BREAKER
 
     def retry_to(

@@ -12,6 +12,9 @@ corrupt ``redrive-retry-at``) would hold the partition for ever: it is handled n
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import ClassVar
+
 import structlog
 
 from redrive.clock import now_ms
@@ -34,20 +37,27 @@ corrupt, and is handled at once rather than holding its partition for ever."""
 class Topics(RetryStrategy):
     name = "topics"
 
+    tier_pattern: ClassVar[str] = "<group>.<topic>.retry.<delay>"
+    """How a tier's name is made, for the error about a group that cannot make one."""
+
     def prepare(self, route: Route) -> None:
-        route.tiers = {
-            delay: tier_topic(route.group, route.topic, format_duration(delay))
-            for delay in tier_delays(route.policy)
-        }
+        route.tiers = self.tier_topics(route)
         for name in route.tiers.values():
             if not is_topic_name(name):
                 raise ConfigError(
                     "group",
-                    f"the topics strategy's tier {name!r} (<group>.<topic>.retry.<delay>) "
+                    f"the {self.name} strategy's retry topic {name!r} ({self.tier_pattern}) "
                     "is not a legal Kafka topic name",
                     f"use a group id of a-z A-Z 0-9 . _ - short enough for a "
                     f"{MAX_TOPIC_LENGTH}-character topic name, or another strategy",
                 )
+
+    def tier_topics(self, route: Route) -> dict[int, str]:
+        """The route's tiers: nominal delay (ms) -> tier topic, one per distinct delay."""
+        return {
+            delay: tier_topic(route.group, route.topic, format_duration(delay))
+            for delay in tier_delays(route.policy)
+        }
 
     def topics(self, route: Route) -> dict[str, Kind]:
         return dict.fromkeys(route.tiers.values(), "tier")
@@ -77,19 +87,27 @@ class Topics(RetryStrategy):
         return RetryTarget(route.tier_for(record.attempt), route.topic, record.partition)
 
 
-def tier_delays(policy: Policy) -> list[int]:
-    """The distinct nominal delays a message can wait under this policy."""
+def nominal_delays(policy: Policy) -> Iterator[int]:
+    """The distinct nominal delays a message can wait under this policy, in the order
+    the schedule first reaches them (none past the policy's attempt limit)."""
     limit = policy.attempt_limit
-    delays: list[int] = []
+    seen: set[int] = set()
     attempt = 1
     for delay, count in policy.schedule.runs():
         if limit is not None and attempt >= limit:
-            break
-        if delay not in delays:
-            delays.append(delay)
+            return
+        if delay not in seen:
+            seen.add(delay)
+            yield delay
         if count is None:
-            break
+            return
         attempt += count
+
+
+def tier_delays(policy: Policy) -> list[int]:
+    """The distinct nominal delays a message can wait under this policy: one tier each,
+    at most :data:`MAX_TIERS`."""
+    delays = list(nominal_delays(policy))
     if len(delays) > MAX_TIERS:
         raise ConfigError(
             "policy",
