@@ -1,18 +1,23 @@
 """Helpers for consumer-library tests: an App running in a thread, a retry service
-beside it for the `service` strategy, and a record of every handler call."""
+beside it for the `service` strategy, a record of every handler call, and the
+examples of docs/consumer.md run against the test's broker."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from redrive import App, Message
 from redrive.service.service import RetryService
 from tests.integration.service_harness import fresh_database, now_ms, settings_for
+
+CONSUMER_DOC = Path(__file__).resolve().parents[2] / "docs" / "consumer.md"
 
 
 @dataclass
@@ -109,3 +114,42 @@ def retry_service(bootstrap: str, database_url: str, **overrides: Any) -> Iterat
         yield service
     finally:
         service.stop()
+
+
+def outcome_count(app: App, topic: str, outcome: str) -> float:
+    """``redrive_consumer_records_total{topic, outcome}`` of a running App (0 if unset)."""
+    value = app.metrics.registry.get_sample_value(
+        "redrive_consumer_records_total", {"topic": topic, "outcome": outcome}
+    )
+    return value or 0.0
+
+
+def docs_example(heading: str, replacements: dict[str, str]) -> str:
+    """The one python block under ``heading`` (``"## Batch handlers"``) of
+    docs/consumer.md, pointed at the test's broker, topics and group: each key of
+    ``replacements``, which the block must say exactly once, replaced by its value."""
+    section = CONSUMER_DOC.read_text().split(f"\n{heading}\n", 1)[1].split("\n## ", 1)[0]
+    [block] = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
+    for old, new in replacements.items():
+        assert block.count(old) == 1, f"the docs example no longer says {old}"
+        block = block.replace(old, new)
+    return block
+
+
+@contextmanager
+def running_example(source: str) -> Iterator[dict[str, Any]]:
+    """Run a docs example that builds ``app`` and calls ``app.run()``, in a thread;
+    yields its namespace once the App runs, and stops the App on the way out."""
+    namespace: dict[str, Any] = {}
+    code = compile(source, str(CONSUMER_DOC), "exec")
+    thread, errors = in_thread(lambda: exec(code, namespace), "docs-example")
+    try:
+        assert wait_for(lambda: bool(errors) or "app" in namespace, 30), "the example did not start"
+        assert wait_for(lambda: bool(errors) or namespace["app"].running.is_set(), 30)
+        assert not errors, errors
+        yield namespace
+    finally:
+        if isinstance(namespace.get("app"), App):
+            namespace["app"].stop()
+        thread.join(60)
+    assert not thread.is_alive() and not errors, errors

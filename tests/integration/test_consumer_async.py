@@ -9,22 +9,23 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import re
 import threading
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import pytest
 
 from redrive import App, Message
-from tests.integration.consumer_harness import in_thread, running_app, wait_for
+from tests.integration.consumer_harness import (
+    docs_example,
+    outcome_count,
+    running_app,
+    running_example,
+    wait_for,
+)
 from tests.integration.service_harness import Collector, produce
-
-DOC = Path(__file__).resolve().parents[2] / "docs" / "consumer.md"
 
 pytestmark = pytest.mark.integration
 
@@ -224,56 +225,31 @@ def test_a_rebalance_mid_flight_loses_nothing_and_hands_nothing_twice(
     assert sorted(both) == sorted(values)
 
 
-def docs_example() -> str:
-    """The python block of the "Async handlers" section of docs/consumer.md."""
-    section = DOC.read_text().split("\n## Async handlers\n", 1)[1].split("\n## ", 1)[0]
-    [block] = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
-    return block
-
-
 def test_the_docs_example_charges_concurrently_and_dead_letters_the_empty_order(
     bootstrap: str, new_topic: Callable[..., str]
 ) -> None:
     topic = new_topic("async-docs", partitions=2)
-    source = docs_example()
-    for old, new in {
-        '"localhost:9092"': repr(bootstrap),
-        '"billing"': repr(f"g-{uuid.uuid4().hex[:8]}"),
-        '"orders"': repr(topic),
-    }.items():
-        assert source.count(old) == 1, f"the docs example no longer says {old}"
-        source = source.replace(old, new)
-    namespace: dict[str, Any] = {}
-    code = compile(source, str(DOC), "exec")  # app.run(): in a thread, stopped by the test
-    thread, errors = in_thread(lambda: exec(code, namespace), "docs-example")
+    source = docs_example(
+        "## Async handlers",
+        {
+            '"localhost:9092"': repr(bootstrap),
+            '"billing"': repr(f"g-{uuid.uuid4().hex[:8]}"),
+            '"orders"': repr(topic),
+        },
+    )
     orders = [{"id": f"o-{i}", "total": float(i)} for i in range(100)]  # o-0: nothing to charge
-    try:
-        assert wait_for(lambda: bool(errors) or "app" in namespace, 30), "the example did not start"
-        assert wait_for(lambda: bool(errors) or namespace["app"].running.is_set(), 30)
-        assert not errors, errors
-        app: App = namespace["app"]
+    with running_example(source) as example:
+        app: App = example["app"]
         produce(
             bootstrap,
             topic,
             [{"key": f"customer-{i % 7}", "value": json.dumps(o)} for i, o in enumerate(orders)],
         )
-        assert wait_for(lambda: len(namespace["charged"]) == 99, 30), len(namespace["charged"])
-        assert wait_for(lambda: count(app, topic, "dead_lettered") == 1, 30)
-        assert count(app, topic, "handled") == 99
-    finally:
-        if isinstance(namespace.get("app"), App):
-            namespace["app"].stop()
-        thread.join(60)
-    assert not thread.is_alive() and not errors, errors
-    assert namespace["charged"] == {o["id"]: o["total"] for o in orders[1:]}
+        assert wait_for(lambda: len(example["charged"]) == 99, 30), len(example["charged"])
+        assert wait_for(lambda: outcome_count(app, topic, "dead_lettered") == 1, 30)
+        assert outcome_count(app, topic, "handled") == 99
+    assert example["charged"] == {o["id"]: o["total"] for o in orders[1:]}
     collector = Collector(bootstrap, f"{topic}.dlq")
     [letter] = collector.poll_until(1, 20)
     collector.close()
     assert json.loads(letter.value)["id"] == "o-0"
-
-
-def count(app: App, topic: str, outcome: str) -> float:
-    value = app.metrics.registry.get_sample_value(
-        "redrive_consumer_records_total", {"topic": topic, "outcome": outcome}
-    )
-    return value or 0.0

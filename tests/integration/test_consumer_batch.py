@@ -6,7 +6,6 @@ committed past what was dealt with, so a restarted App handles nothing again."""
 from __future__ import annotations
 
 import json
-import re
 import sqlite3
 import threading
 import uuid
@@ -14,16 +13,20 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from redrive import App, BatchFailed, Message
 from redrive.headers import decode
-from tests.integration.consumer_harness import in_thread, retry_service, running_app, wait_for
+from tests.integration.consumer_harness import (
+    docs_example,
+    outcome_count,
+    retry_service,
+    running_app,
+    running_example,
+    wait_for,
+)
 from tests.integration.service_harness import Collector, produce
-
-DOC = Path(__file__).resolve().parents[2] / "docs" / "consumer.md"
 
 pytestmark = pytest.mark.integration
 
@@ -85,13 +88,6 @@ def batch_app(
         yield app
 
 
-def count(app: App, topic: str, outcome: str) -> float:
-    value = app.metrics.registry.get_sample_value(
-        "redrive_consumer_records_total", {"topic": topic, "outcome": outcome}
-    )
-    return value or 0.0
-
-
 def values(n: int) -> list[bytes]:
     return [b"v-%03d" % i for i in range(n)]
 
@@ -127,9 +123,9 @@ def test_batch_failed_sends_back_only_the_records_it_names(
             60,
         ), f"handled {seen.count()} messages"
         wait_for(lambda: seen.count() > 103, 1.5)  # no more come
-        assert wait_for(lambda: count(app, topic, "handled") == 100, 10)
-        assert count(app, topic, "retried") == 3
-        assert count(app, topic, "dead_lettered") == 0
+        assert wait_for(lambda: outcome_count(app, topic, "handled") == 100, 10)
+        assert outcome_count(app, topic, "retried") == 3
+        assert outcome_count(app, topic, "dead_lettered") == 0
     for value in everything:
         got = seen.of(value)
         if value not in failing:
@@ -184,8 +180,8 @@ def test_a_failing_batch_sends_back_every_record_of_it(
         assert wait_for(lambda: seen.values() >= set(everything) and len(doomed) > 0, 30)
         assert wait_for(lambda: all(len(seen.of(v or b"")) >= 2 for v in doomed), 30)
         wait_for(lambda: seen.count() > len(everything) + len(doomed), 1.5)  # no more come
-        assert wait_for(lambda: count(app, topic, "handled") == len(everything), 10)
-        assert count(app, topic, "retried") == len(doomed)
+        assert wait_for(lambda: outcome_count(app, topic, "handled") == len(everything), 10)
+        assert outcome_count(app, topic, "retried") == len(doomed)
     assert b"v-005" in doomed
     for value in everything:
         attempts = [m.attempt for m in seen.of(value)]
@@ -237,7 +233,7 @@ def test_a_stopping_app_hands_its_pending_batch_over_and_commits_it(
         assert wait_for(lambda: pending_in(app, topic) == 4, 20)
         assert seen.batches == []
     assert seen.batches == [values(4)]
-    assert count(app, topic, "handled") == 4
+    assert outcome_count(app, topic, "handled") == 4
 
     again = Seen()
     restarted = App(bootstrap, group=group)
@@ -249,47 +245,28 @@ def test_a_stopping_app_hands_its_pending_batch_over_and_commits_it(
     assert [m.raw_value for m in again.messages] == [b"new"]
 
 
-def docs_example() -> str:
-    """The python block of the "Batch handlers" section of docs/consumer.md."""
-    section = DOC.read_text().split("\n## Batch handlers\n", 1)[1].split("\n## ", 1)[0]
-    [block] = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
-    return block
-
-
 def test_the_docs_example_saves_a_batch_and_dead_letters_the_bad_order(
     bootstrap: str, new_topic: Callable[..., str], tmp_path: Path
 ) -> None:
     topic = new_topic("batch-docs")
     database = tmp_path / "orders.db"
-    source = docs_example()
-    for old, new in {
-        '"localhost:9092"': repr(bootstrap),
-        '"billing"': repr(f"g-{uuid.uuid4().hex[:8]}"),
-        '"orders"': repr(topic),
-        '"orders.db"': repr(str(database)),
-    }.items():
-        assert source.count(old) == 1, f"the docs example no longer says {old}"
-        source = source.replace(old, new)
-    namespace: dict[str, Any] = {}
-    # app.run() in the example: in a thread, stopped by the test
-    code = compile(source, str(DOC), "exec")
-    thread, errors = in_thread(lambda: exec(code, namespace), "docs-example")
-    try:
-        assert wait_for(lambda: bool(errors) or "app" in namespace, 30), "the example did not start"
-        assert wait_for(lambda: bool(errors) or namespace["app"].running.is_set(), 30)
-        assert not errors, errors
-        app: App = namespace["app"]
+    source = docs_example(
+        "## Batch handlers",
+        {
+            '"localhost:9092"': repr(bootstrap),
+            '"billing"': repr(f"g-{uuid.uuid4().hex[:8]}"),
+            '"orders"': repr(topic),
+            '"orders.db"': repr(str(database)),
+        },
+    )
+    with running_example(source) as example:
+        app: App = example["app"]
         orders = [{"id": "o-1", "total": 10.5}, {"id": "o-2"}, {"id": "o-3", "total": 3.0}]
         produce(
             bootstrap, topic, [{"key": o["id"].encode(), "value": json.dumps(o)} for o in orders]
         )
-        assert wait_for(lambda: count(app, topic, "handled") == 2, 30)
-        assert wait_for(lambda: count(app, topic, "dead_lettered") == 1, 30)
-    finally:
-        if isinstance(namespace.get("app"), App):
-            namespace["app"].stop()
-        thread.join(60)
-    assert not thread.is_alive() and not errors, errors
+        assert wait_for(lambda: outcome_count(app, topic, "handled") == 2, 30)
+        assert wait_for(lambda: outcome_count(app, topic, "dead_lettered") == 1, 30)
     with closing(sqlite3.connect(database)) as db:
         rows = db.execute("SELECT id, total FROM orders ORDER BY id").fetchall()
     assert rows == [("o-1", 10.5), ("o-3", 3.0)]

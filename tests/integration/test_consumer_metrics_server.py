@@ -20,7 +20,6 @@ import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,11 +28,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from redrive import App, FatalError, Message
 from redrive.errors import ConfigError
 from redrive.ports import port_in_use
-from tests.integration.consumer_harness import in_thread, running_app
+from tests.integration.consumer_harness import docs_example, in_thread, running_app, running_example
 from tests.integration.service_harness import produce, wait_until
 
 integration = pytest.mark.integration
-DOC = Path(__file__).resolve().parents[2] / "docs" / "consumer.md"
 FAMILIES = {
     "redrive_consumer_records": "counter",
     "redrive_consumer_handler_seconds": "counter",
@@ -327,26 +325,11 @@ def test_an_empty_host_is_refused_when_the_app_is_made() -> None:
 # ------------------------------------------------------------------ the docs
 
 
-def docs_example() -> str:
-    """The python block of the "Metrics over HTTP" section of docs/consumer.md."""
-    section = DOC.read_text().split("\n## Metrics over HTTP\n", 1)[1].split("\n## ", 1)[0]
-    [block] = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
-    return block
-
-
-def pointed_at(block: str, replacements: dict[str, str]) -> str:
-    """The example with its broker, port, topic and group replaced by the test's."""
-    for old, new in replacements.items():
-        assert block.count(old) == 1, f"the docs example no longer says {old}"
-        block = block.replace(old, new)
-    return block
-
-
 @integration
 def test_the_docs_example_serves_its_metrics(bootstrap: str, new_topic: Callable[..., str]) -> None:
     topic = new_topic("metrics-docs")
-    source = pointed_at(
-        docs_example(),
+    source = docs_example(
+        "## Metrics over HTTP",
         {
             '"localhost:9092"': repr(bootstrap),
             "metrics_port=9464": "metrics_port=0",
@@ -354,23 +337,8 @@ def test_the_docs_example_serves_its_metrics(bootstrap: str, new_topic: Callable
             '"billing"': repr(a_group()),
         },
     )
-    namespace: dict[str, Any] = {}
-    # app.run() in the example: in a thread, stopped by the test
-    code = compile(source, str(DOC), "exec")
-    thread, errors = in_thread(lambda: exec(code, namespace), "docs-example")
-    try:
-        wait_until(
-            lambda: bool(errors) or ("app" in namespace and namespace["app"].running.is_set()),
-            30,
-            "the example to start",
-        )
-        assert not errors, errors
-        app: App = namespace["app"]
+    with running_example(source) as example:
+        app: App = example["app"]
         produce(bootstrap, topic, [{"key": b"order-1", "value": b"{}"}])
         wait_until(lambda: records(app, topic, "handled") == 1.0, 30, "the order handled")
         assert health(app)[0] == 200
-    finally:
-        if isinstance(namespace.get("app"), App):
-            namespace["app"].stop()
-        thread.join(60)
-    assert not thread.is_alive() and not errors, errors

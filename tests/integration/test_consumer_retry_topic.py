@@ -5,24 +5,25 @@ letter saying so; another group never sees the retries; the docs example runs.""
 
 from __future__ import annotations
 
-import re
 import threading
 import uuid
 from collections.abc import Callable
 from contextlib import ExitStack
-from pathlib import Path
-from typing import Any
 
 import pytest
 
 from redrive import App, Message
 from redrive.headers import decode
-from tests.integration.consumer_harness import Calls, in_thread, running_app, wait_for
+from tests.integration.consumer_harness import (
+    Calls,
+    docs_example,
+    running_app,
+    running_example,
+    wait_for,
+)
 from tests.integration.service_harness import Collector, now_ms, produce
 
 pytestmark = pytest.mark.integration
-
-DOC = Path(__file__).resolve().parents[2] / "docs" / "consumer.md"
 
 
 class Flaky(Exception):
@@ -162,37 +163,22 @@ def test_another_group_never_sees_the_retries(
         assert calls.of(b"fails-in-" + name.encode())[1].topic == retry_topic
 
 
-def docs_example() -> str:
-    """The python block of the "Seed 000's single retry topic" section of consumer.md."""
-    section = DOC.read_text().split("\n### Seed 000's single retry topic\n", 1)[1]
-    section = section.split("\n## ", 1)[0]
-    [block] = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
-    return block
-
-
 def test_the_docs_example_applies_an_update_that_came_before_its_create(
     bootstrap: str, new_topic: Callable[..., str]
 ) -> None:
     creates, updates, group = new_topic("create-item"), new_topic("update-item"), a_group()
-    source = docs_example()
-    for old, new in {
-        '"localhost:9092"': repr(bootstrap),
-        '"items"': repr(group),
-        '"create-item"': repr(creates),
-        '"update-item"': repr(updates),
-        'policy="10s"': 'policy="1s"',  # the test's patience
-    }.items():
-        assert source.count(old) == 1, f"the docs example no longer says {old}"
-        source = source.replace(old, new)
-    namespace: dict[str, Any] = {}
-    # app.run() in the example: in a thread, stopped by the test
-    code = compile(source, str(DOC), "exec")
-    thread, errors = in_thread(lambda: exec(code, namespace), "docs-example")
-    try:
-        assert wait_for(lambda: bool(errors) or "app" in namespace, 30), "the example did not start"
-        assert wait_for(lambda: bool(errors) or namespace["app"].running.is_set(), 30)
-        assert not errors, errors
-        app: App = namespace["app"]
+    source = docs_example(
+        "### Seed 000's single retry topic",
+        {
+            '"localhost:9092"': repr(bootstrap),
+            '"items"': repr(group),
+            '"create-item"': repr(creates),
+            '"update-item"': repr(updates),
+            'policy="10s"': 'policy="1s"',  # the test's patience
+        },
+    )
+    with running_example(source) as example:
+        app: App = example["app"]
         retry_topic = f"{group}.{updates}.retry.all"
         assert app.routes[updates].tiers == {1_000: retry_topic}
         assert app.routes[updates].policy.deadline_from == "record-timestamp"
@@ -203,10 +189,5 @@ def test_the_docs_example_applies_an_update_that_came_before_its_create(
         finally:
             collector.close()
         produce(bootstrap, creates, [{"key": b"item-1", "value": b"{}"}])
-        items = namespace["items"]
+        items = example["items"]
         assert wait_for(lambda: items.get("item-1") == "ACTIVE", 20), items
-    finally:
-        if isinstance(namespace.get("app"), App):
-            namespace["app"].stop()
-        thread.join(60)
-    assert not thread.is_alive() and not errors, errors
