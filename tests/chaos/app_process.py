@@ -1,7 +1,7 @@
 """A consumer app for the fault tests, run as its own process so that a test can SIGKILL it.
 
     python tests/chaos/app_process.py --bootstrap HOST:PORT --topic T --strategy S
-        --group G --requests-topic R --out EVENTS.jsonl [--policy P]
+        --group G --requests-topic R --out EVENTS.jsonl [--policy P] [--transactional]
 
 One handler on topic T with strategy S (blocking, pause, topics, service). A record's
 value ends in `:f<N>`: the handler fails its first N attempts (a retryable error),
@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--instance-id", default=None, help="static group membership (App(instance_id=...))"
     )
+    parser.add_argument("--transactional", action="store_true", help="hand-offs in transactions")
     args = parser.parse_args(argv)
 
     configure("json")
@@ -83,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         group=args.group,
         requests_topic=args.requests_topic,
         instance_id=args.instance_id,
+        transactional=args.transactional,
         consumer_kafka={
             "session.timeout.ms": args.session_timeout_ms,
             "heartbeat.interval.ms": "1000",

@@ -226,6 +226,7 @@ class AppProcess(ChildProcess):
     policy: str = "200ms x8"
     session_timeout_ms: str = FAST_GROUP["session.timeout.ms"]
     instance_id: str | None = None
+    transactional: bool = False
     runs: int = 0
     proc: subprocess.Popen[bytes] | None = None
     pids: list[int] = field(default_factory=list)
@@ -259,6 +260,7 @@ class AppProcess(ChildProcess):
                 "--session-timeout-ms",
                 self.session_timeout_ms,
                 *(["--instance-id", self.instance_id] if self.instance_id else []),
+                *(["--transactional"] if self.transactional else []),
             ],
             env=env,
             stdout=log,

@@ -23,7 +23,9 @@ def test_the_settings_examples_configure_the_consumer() -> None:
         namespace: dict[str, object] = {"App": App}
         exec(compile(block, str(DOC), "exec"), namespace)
         apps.append(namespace["app"])
-    [static, fetching] = apps
+    [transactional, static, fetching] = apps
+    assert isinstance(transactional, App) and transactional.transactional
+    assert transactional.consumer_kafka == {"group.instance.id": "billing-0"}
     assert isinstance(static, App) and isinstance(fetching, App)
     assert static.consumer_kafka == {"group.instance.id": socket.gethostname()}
     assert fetching.consumer_kafka["fetch.min.bytes"] == 1_048_576

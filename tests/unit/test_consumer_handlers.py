@@ -16,6 +16,7 @@ from redrive.consumer import AsyncHandlerError
 from redrive.consumer.handlers import is_async_callable, refuse_awaitable
 from redrive.consumer.records import record_timestamp
 from redrive.consumer.routes import Route
+from redrive.consumer.transactions import transactional_id
 from redrive.errors import ConfigError
 from redrive.headers import MAX_INT32, MAX_INT64, RetryHeaders, encode
 from redrive.policy import policy
@@ -236,3 +237,10 @@ def test_a_tier_knows_its_delay() -> None:
     assert route.tier_delay_ms("g.orders.retry.1m") == 60_000
     with pytest.raises(KeyError):
         route.tier_delay_ms("orders")
+
+
+def test_the_transactional_id_is_stable_for_a_static_member_only() -> None:
+    assert transactional_id("billing", "billing-0") == "redrive.billing.billing-0"
+    assert transactional_id("billing", "billing-0") == transactional_id("billing", "billing-0")
+    assert transactional_id("billing", None) != transactional_id("billing", None)
+    assert transactional_id("billing", None).startswith("redrive.billing.")

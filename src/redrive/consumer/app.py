@@ -30,7 +30,14 @@ from types import FrameType
 from typing import Any, TypeVar, Unpack, cast
 
 import structlog
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient
 from prometheus_client import CollectorRegistry
 
@@ -61,6 +68,7 @@ from redrive.consumer.records import DeadLetterHook, Records, RetryHook
 from redrive.consumer.routes import HandlerOptions, Kind, Route, build_route
 from redrive.consumer.strategies.pause import BreakerHook, Breakers
 from redrive.consumer.topics import create_derived_topics
+from redrive.consumer.transactions import Aborted, Transactions, transactional_id
 from redrive.errors import ConfigError
 from redrive.membership import fatal_group_error, static_membership
 from redrive.topic_names import REQUESTS_TOPIC
@@ -105,6 +113,11 @@ class App:
     (:attr:`metrics_url` says which). A port in use stops :meth:`run` with a
     ConfigError before anything is consumed.
 
+    ``transactional=True`` makes each commit one Kafka transaction with the hand-offs
+    (retries, dead letters) since the previous one: a crash never hands a failure off
+    twice (see :mod:`redrive.consumer.transactions`). With ``instance_id``, the
+    ``transactional.id`` is stable across restarts.
+
     ``max_in_flight`` bounds the records of ``async def`` handlers accepted and not
     dealt with yet (running, or waiting for an earlier record of their key or
     partition); see :mod:`redrive.consumer.async_records`.
@@ -126,6 +139,7 @@ class App:
         requests_topic: str | None = None,
         batch_size: int = 500,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        transactional: bool = False,
         commit_interval_s: float = 1.0,
         poll_timeout_s: float = 0.1,
         on_retry: RetryHook | None = None,
@@ -154,6 +168,9 @@ class App:
                 "handlers may work on at once",
             )
         self.max_in_flight = max_in_flight
+        self.transactional = transactional
+        self._instance_id = instance_id
+        self._transactions: Transactions | None = None
         self.commit_interval_s = commit_interval_s
         self.poll_timeout_s = poll_timeout_s
         self.on_retry = on_retry
@@ -299,10 +316,16 @@ class App:
         admin = AdminClient(config)
         create_derived_topics(admin, list(self.routes.values()))
         consumer = make_consumer(config, self.consumer_kafka, self.group, self._on_commit)
-        producer = make_producer(admin, config, self._reads)
+        producer = make_producer(
+            admin,
+            config,
+            self._reads,
+            transactional_id(self.group, self._instance_id) if self.transactional else None,
+        )
         self._consumer = consumer
         self._producer = producer
         self._publisher = Publisher(producer, self._stop)
+        self._transactions = Transactions(producer, consumer) if self.transactional else None
         self._records = Records(
             self.group,
             self._reads,
@@ -445,6 +468,9 @@ class App:
     def _commit(self, *, asynchronous: bool, partitions: set[Partition] | None = None) -> None:
         assert self._consumer is not None
         self._publisher.flush()  # hand-offs acknowledged before the offsets move past them
+        if self._transactions is not None:
+            self._commit_transaction()
+            return
         offsets = self._offsets.to_commit(partitions)
         if not offsets:
             return
@@ -456,6 +482,38 @@ class App:
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError._NO_OFFSET:
                 log.warning("commit failed; records may be handled again", error=str(exc))
+
+    def _commit_transaction(self) -> None:
+        """Commit the hand-offs since the last commit with every partition's offsets (not
+        only those of some partitions: the transaction holds the hand-offs of all)."""
+        assert self._transactions is not None
+        offsets = self._offsets.to_commit()
+        try:
+            self._transactions.commit(offsets)
+        except Aborted:
+            self._rewind()
+            return
+        self._offsets.committed(offsets)
+
+    def _rewind(self) -> None:
+        """A transaction was aborted: what was dealt with since the last commit is
+        handled again, from every partition's committed offset (the waits of records
+        retried in place are kept, as across a rebalance)."""
+        assert self._consumer is not None
+        assigned = set(self._assigned)
+        self._forget(assigned)
+        self._assigned = frozenset(assigned)
+        wanted = [TopicPartition(t, p) for t, p in sorted(assigned)]
+        for tp in self._consumer.committed(wanted, timeout=30) if wanted else []:
+            # No committed offset yet: from where auto.offset.reset says.
+            offset = tp.offset if tp.offset >= 0 else self._reset_offset()
+            self._consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
+        log.warning("rewound to the committed offsets", partitions=len(wanted))
+
+    def _reset_offset(self) -> int:
+        reset = {**self.kafka, **self.consumer_kafka}.get("auto.offset.reset", "earliest")
+        latest = str(reset) in ("latest", "largest", "end")
+        return OFFSET_END if latest else OFFSET_BEGINNING
 
     def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
         if err is None:

@@ -39,12 +39,24 @@ def make_consumer(
             "group.id": group,
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
+            # Hand-offs of transactions not committed (yet, or ever) are not records.
+            "isolation.level": "read_committed",
             "on_commit": on_commit,
         }
     )
 
 
-def make_producer(admin: AdminClient, config: Mapping[str, Any], reads: Iterable[str]) -> Producer:
+def make_producer(
+    admin: AdminClient,
+    config: Mapping[str, Any],
+    reads: Iterable[str],
+    transactional_id: str | None = None,
+) -> Producer:
+    """``transactional_id``: the App hands off in transactions
+    (:mod:`redrive.consumer.transactions`)."""
     # As large as what it reads; the user's `kafka` settings may say more.
     size_limit = producer_size_limit(admin, reads)
-    return Producer({**size_limit, **config, "enable.idempotence": True, "linger.ms": 5})
+    transactional = {} if transactional_id is None else {"transactional.id": transactional_id}
+    return Producer(
+        {**size_limit, **config, "enable.idempotence": True, "linger.ms": 5, **transactional}
+    )

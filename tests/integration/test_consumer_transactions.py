@@ -1,0 +1,124 @@
+"""The exactly-once hand-off against the real broker: with ``App(transactional=True)``
+the retry records and the source offsets are one transaction, so an App SIGKILLed in
+the middle of retries, and restarted, hands each failure off exactly once (its
+handler may run again: that part stays at least once), and loses nothing."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from redrive import App, Message
+from tests.chaos.harness import AppProcess
+from tests.integration.consumer_harness import Calls, running_app, wait_for
+from tests.integration.service_harness import Collector, produce
+
+pytestmark = pytest.mark.integration
+
+
+class Flaky(Exception):
+    pass
+
+
+def tier_records(bootstrap: str, tier: str, expected: int) -> Counter[bytes]:
+    """How many times each value was written to the tier topic and committed (the
+    collector reads committed records only: librdkafka's default isolation level)."""
+    collector = Collector(bootstrap, tier)
+    try:
+        collector.poll_until(expected, 30)
+        received = collector.drain(1.5)
+    finally:
+        collector.close()
+    return Counter(d.value for d in received if d.value is not None)
+
+
+def test_a_transactional_app_hands_each_failure_off_once(
+    bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic("txn", partitions=2)
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    values = [b"v-%03d" % i for i in range(200)]
+    failing = set(values[::10])
+    calls = Calls()
+
+    def handler(message: Message) -> None:
+        calls.add(message)
+        if message.raw_value in failing and message.attempt == 1:
+            raise Flaky("first attempt")
+
+    app = App(bootstrap, group=group, transactional=True)
+    app.add_handler(topic, handler, strategy="topics", policy="200ms x3")
+    with running_app(app):
+        produce(bootstrap, topic, [{"key": v, "value": v} for v in values])
+        done = lambda: all(any(c.attempt == 2 for c in calls.of(v)) for v in failing)  # noqa: E731
+        assert wait_for(done, 60)
+        assert wait_for(lambda: len(calls.items) >= 220, 10)
+    assert sorted(c.value for c in calls.items if c.value not in failing) == sorted(
+        set(values) - failing
+    )
+    assert tier_records(bootstrap, f"{group}.{topic}.retry.200ms", 20) == Counter(
+        dict.fromkeys(failing, 1)
+    )
+    # Restarted: the offsets were committed in the transactions; nothing comes again.
+    again = Calls()
+    restarted = App(bootstrap, group=group, transactional=True)
+    restarted.add_handler(topic, again.add, strategy="topics", policy="200ms x3")
+    with running_app(restarted):
+        produce(bootstrap, topic, [{"key": b"new", "value": b"new"}])
+        assert wait_for(lambda: again.of(b"new") != [], 30)
+        wait_for(lambda: len(again.items) > 1, 1.5)
+    assert [c.value for c in again.items] == [b"new"]
+
+
+def test_an_app_killed_mid_retry_hands_each_failure_off_exactly_once(
+    bootstrap: str, new_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    topic = new_topic("txn-kill", partitions=3)
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    values = [f"m-{i:04d}:f1" for i in range(600)]  # each fails once, then succeeds
+    app = AppProcess(
+        bootstrap,
+        topic,
+        "topics",
+        group,
+        "redrive.requests",
+        tmp_path,
+        policy="300ms x4",
+        # Static: the restarted run aborts what the killed one left open at once.
+        instance_id="txn-0",
+        transactional=True,
+    )
+    app.start()
+    kills = 0
+    try:
+        for chunk in range(3):
+            produce(
+                bootstrap,
+                topic,
+                [{"key": v.encode(), "value": v.encode()} for v in values[chunk * 200 :][:200]],
+            )
+            if chunk == 2:
+                break
+            # In the middle of retries: failed records not handled since.
+            assert wait_for(lambda: len(app.in_retry()) >= 5, 60), app.log_tail()
+            time.sleep(0.2)
+            app.kill()
+            kills += 1
+            app.start()
+        sent = {v.encode() for v in values}
+        assert wait_for(lambda: sent <= app.handled().keys(), 120), app.log_tail()
+        assert app.alive(), app.log_tail()
+    finally:
+        code = app.terminate()
+    assert code == 0, app.log_tail()
+    assert kills == 2
+    handed = tier_records(bootstrap, f"{group}.{topic}.retry.300ms", len(values))
+    twice = {v: n for v, n in handed.items() if n > 1}
+    assert twice == {}, f"{len(twice)} failures handed off more than once"
+    assert set(handed) == {v.encode() for v in values}, "a failure was never handed off"
+    assert app.early() == 0
