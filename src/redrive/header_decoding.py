@@ -26,6 +26,8 @@ from redrive.header_fields import (
     ERROR_TYPE,
     FIELD_OF,
     GROUP,
+    ID,
+    ID_LENGTH,
     INT_HEADERS,
     MAX_INT32,
     MAX_INT64,
@@ -150,6 +152,7 @@ _TOPIC: Final = 1  # a legal Kafka topic name (ASCII, so its bytes can be checke
 _SEND_TO: Final = 2  # b"retry" or b"dlq"
 _TEXT: Final = 3  # non-empty UTF-8 (group, error type); the byte cap is _check_text's
 _ANY_TEXT: Final = 4  # UTF-8, maybe empty; within its cap, so cap_text leaves it as it is
+_ID: Final = 5  # ID_LENGTH lowercase hex characters (ASCII, so its bytes can be checked)
 _Rule: TypeAlias = tuple[str, int, int, int, int]
 
 
@@ -175,9 +178,12 @@ _FAST_RULES: Final[dict[str, _Rule]] = {
     ERROR_MESSAGE: _rule(ERROR_MESSAGE, _ANY_TEXT),
     ERROR_TRACE: _rule(ERROR_TRACE, _ANY_TEXT),
     REASON: _rule(REASON, _ANY_TEXT),
+    ID: _rule(ID, _ID),
 }
 _TOPIC_BYTES: Final = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-"
 """The characters of header_fields._TOPIC_RE: bytes made only of them strip to nothing."""
+_HEX_BYTES: Final = b"0123456789abcdef"
+"""The characters of header_fields._ID_RE, the same way."""
 
 
 def _is_topic(raw: bytes) -> bool:
@@ -236,6 +242,8 @@ def _decode_fast(headers: list[Any]) -> tuple[RetryHeaders, list[Header]] | None
         if kind == _TOPIC and not _is_topic(raw):
             return None
         if kind == _SEND_TO and raw not in (b"retry", b"dlq"):
+            return None
+        if kind == _ID and (len(raw) != ID_LENGTH or raw.strip(_HEX_BYTES)):
             return None
         try:
             text = raw.decode("utf-8")

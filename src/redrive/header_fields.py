@@ -38,6 +38,7 @@ ERROR_TYPE: Final = "redrive-error-type"
 ERROR_MESSAGE: Final = "redrive-error-message"
 ERROR_TRACE: Final = "redrive-error-trace"
 REASON: Final = "redrive-reason"
+ID: Final = "redrive-id"
 DEAD_LETTER_REASON: Final = "redrive-dead-letter-reason"
 """Not part of a request: added to a dead letter published to a DLQ topic (by the
 retry service's ``mirror_dead_letters`` and the Spark scheduler), saying why it is
@@ -59,6 +60,7 @@ FIELD_OF: Final[dict[str, str]] = {
     ERROR_MESSAGE: "error_message",
     ERROR_TRACE: "error_trace",
     REASON: "reason",
+    ID: "id",
 }
 """Header name -> :class:`RetryHeaders` field, in the order ``encode()`` writes them."""
 
@@ -105,6 +107,9 @@ INT_HEADERS: Final[frozenset[str]] = frozenset(
 )
 """The headers whose values are decimal integers."""
 _TOPIC_RE: Final = re.compile(r"[a-zA-Z0-9._-]{1,249}")
+ID_LENGTH: Final = 32
+"""Characters of a ``redrive-id``: 16 bytes of digest as lowercase hex."""
+_ID_RE: Final = re.compile(rf"[0-9a-f]{{{ID_LENGTH}}}")
 
 
 def cap_of(header: str) -> int:
@@ -187,6 +192,16 @@ def _check_int(header: str, value: object, minimum: int, maximum: int) -> None:
         raise HeaderError(header, f"out of range (max {maximum}), got {value}")
 
 
+def _check_id(value: object) -> None:
+    # One exact form, so that two ids of the same request compare equal as bytes and
+    # nothing else (a name, a number) passes for one.
+    value = _require_str(ID, value)
+    if _ID_RE.fullmatch(value) is None:
+        raise HeaderError(
+            ID, f"must be {ID_LENGTH} lowercase hex characters (0-9 a-f), got {show_value(value)}"
+        )
+
+
 def _check_text(header: str, value: object) -> None:
     value = _require_str(header, value)
     if not value:
@@ -247,6 +262,10 @@ class RetryHeaders(FailureHistory):
     reason: str | None = None
     """Why the consumer gave up (with ``send_to="dlq"``), at most 1 KiB, e.g.
     ``attempts exhausted (3 of 3)``."""
+    id: str | None = None
+    """The request's identity, the same on every delivery of it: ``ID_LENGTH`` lowercase
+    hex characters (:func:`redrive.headers.request_id`). None in requests written
+    before redrive wrote one, or by a producer that writes none."""
 
     def __post_init__(self) -> None:
         # decode() skips these checks for what it has read (see _FAST_RULES in
@@ -267,6 +286,8 @@ class RetryHeaders(FailureHistory):
                 _check_int(header, value, 0, maximum)
         if self.original_topic is not None:
             _check_topic(ORIGINAL_TOPIC, self.original_topic)
+        if self.id is not None:
+            _check_id(self.id)
         for header, text in ((GROUP, self.group), (ERROR_TYPE, self.error_type)):
             if text is not None:
                 _check_text(header, text)

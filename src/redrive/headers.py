@@ -14,7 +14,8 @@ grow with the number of attempts and a forged request cannot carry megabytes of 
 - :func:`encode` / :func:`decode` write and strictly validate a retry request.
 - :func:`read_delivery_headers` is the lenient reader a consumer uses on a redelivered
   message to learn its attempt count and original coordinates.
-- :func:`next_request` builds the request a consumer writes after a failure.
+- :func:`next_request` builds the request a consumer writes after a failure, and
+  :func:`request_id` the ``redrive-id`` that names it.
 
 Import everything from here. The names, caps and :class:`RetryHeaders` are defined in
 :mod:`redrive.header_fields` and the readers in :mod:`redrive.header_decoding`, each
@@ -23,6 +24,8 @@ short enough to read whole; this module writes requests and describes failures.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import traceback
 from collections.abc import Iterable
 from typing import NamedTuple
@@ -39,6 +42,8 @@ from redrive.header_fields import ERROR_TRACE as ERROR_TRACE
 from redrive.header_fields import ERROR_TYPE as ERROR_TYPE
 from redrive.header_fields import FIELD_OF
 from redrive.header_fields import GROUP as GROUP
+from redrive.header_fields import ID as ID
+from redrive.header_fields import ID_LENGTH as ID_LENGTH
 from redrive.header_fields import MAX_ERROR_MESSAGE_BYTES as MAX_ERROR_MESSAGE_BYTES
 from redrive.header_fields import MAX_ERROR_TRACE_BYTES as MAX_ERROR_TRACE_BYTES
 from redrive.header_fields import MAX_INT32 as MAX_INT32
@@ -131,6 +136,30 @@ def describe_error(error: BaseException) -> ErrorInfo:
         cap_text(message, MAX_ERROR_MESSAGE_BYTES),
         cap_text(trace, MAX_ERROR_TRACE_BYTES, keep="end"),
     )
+
+
+def request_id(request: RetryHeaders) -> str:
+    """The ``redrive-id`` of a retry request: one failure of one record in one group.
+
+    A digest (BLAKE2b, 16 bytes, as :data:`ID_LENGTH` hex characters) of the request's
+    group, original topic, partition and offset, and attempt: what identifies the
+    failure, and nothing that varies between two writes of it (not the due time, not
+    the error text). Deterministic, so that a hand-off repeated after a crash (the
+    request produced, the source offset not yet committed) writes the same id again,
+    and a consumer can tell that repeat delivery from a new record. The attempt is in
+    it because each retry of a record is a new request: the record failing again
+    after its redelivery is a new failure, with its own id.
+    """
+    fields = [
+        request.group,
+        request.original_topic,
+        request.original_partition,
+        request.original_offset,
+        request.attempt,
+    ]
+    # JSON keeps the fields apart whatever a group name contains (a separator, say).
+    data = json.dumps(fields, separators=(",", ":")).encode("ascii")
+    return hashlib.blake2b(data, digest_size=ID_LENGTH // 2).hexdigest()
 
 
 def _origin_of(h: RetryHeaders) -> tuple[str | None, int | None, int | None, int | None]:

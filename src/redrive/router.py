@@ -15,11 +15,13 @@ The path of one failure (:meth:`Router.route`):
    timestamp and the deadline the record arrived with. A policy that raises (a broken
    ``retryable`` predicate, say) makes a dead letter, ``policy error: ...``.
 2. A retry gets its request's contract headers (:func:`redrive.headers.next_request`)
-   naming its destination; a retry in place gets none (nothing is written). Headers
-   that cannot be written (a value a forged header put out of range) make a dead
-   letter instead, reason INVALID_REQUEST.
+   naming its destination, and its ``redrive-id`` (:func:`redrive.headers.request_id`:
+   derived from the failure, so a repeated hand-off writes the same id); a retry in
+   place gets none (nothing is written). Headers that cannot be written (a value a
+   forged header put out of range) make a dead letter instead, reason INVALID_REQUEST.
 3. A dead letter gets the same headers with ``redrive-send-to: dlq`` and
-   ``redrive-reason``. Should even those be invalid, the letter keeps what it can and
+   ``redrive-reason``, but no ``redrive-id``: it is not delivered, and a replay of
+   it is a new record. Should even those be invalid, the letter keeps what it can and
    says why: a dead letter is never dropped.
 
 A record that cannot reach its handler at all (headers unreadable, a value that does
@@ -49,6 +51,7 @@ from redrive.headers import (
     describe_error,
     next_request,
     read_delivery_headers,
+    request_id,
 )
 from redrive.policy import DeadLetter, DeadLetterReason, Policy, Retry
 
@@ -225,6 +228,7 @@ class Router:
                 partition=retry_to.destination_partition,
                 attempt=decision.attempt,
             )
+            request = dataclasses.replace(request, id=request_id(request))
         except HeaderError as header_error:
             text = f"cannot write the retry request: {header_error}"
             dead = DeadLetter(DeadLetterReason.INVALID_REQUEST, text, record.attempt)

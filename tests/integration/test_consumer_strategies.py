@@ -10,7 +10,7 @@ from contextlib import ExitStack, contextmanager
 import pytest
 
 from redrive import App, FatalError, Message
-from redrive.headers import decode
+from redrive.headers import RetryHeaders, decode, request_id
 from tests.integration.consumer_harness import Calls, retry_service, running_app
 from tests.integration.service_harness import Collector, dead_letters, produce
 
@@ -51,13 +51,15 @@ def test_failing_twice_then_succeeding_is_called_three_times_at_the_delays(
 ) -> None:
     topic = new_topic(f"flaky-{strategy}", partitions=2)
     calls = Calls()
+    seen: list[tuple[int, RetryHeaders | None]] = []  # (offset, message.retry) per call
 
     def handler(message: Message) -> None:
         calls.add(message)
+        seen.append((message.offset, message.retry))
         if message.attempt < 3:
             raise Flaky(f"attempt {message.attempt}")
 
-    with app_for(strategy, bootstrap, database_url, topic, handler):
+    with app_for(strategy, bootstrap, database_url, topic, handler) as (app, _):
         produce(
             bootstrap, topic, [{"key": b"k1", "value": b"flaky", "headers": [("trace", b"t-1")]}]
         )
@@ -72,6 +74,27 @@ def test_failing_twice_then_succeeding_is_called_three_times_at_the_delays(
     for call in got:  # key and the user's headers survive every hop
         assert call.key == b"k1"
         assert call.headers == [("trace", b"t-1")]
+    if strategy in ("topics", "retry-topic", "service"):
+        # Each redelivery carries its request's redrive-id unchanged: the id of that
+        # failure (group, where the record was first read, the attempt that failed),
+        # so a new one for each retry.
+        first_offset, first_retry = seen[0]
+        assert first_retry is None
+        expected = [
+            request_id(
+                RetryHeaders(
+                    destination=topic,
+                    retry_at=0,
+                    attempt=failed,
+                    group=app.group,
+                    original_topic=topic,
+                    original_partition=got[0].partition,
+                    original_offset=first_offset,
+                )
+            )
+            for failed in (1, 2)
+        ]
+        assert [retry.id if retry else None for _, retry in seen[1:3]] == expected
 
 
 def dead_letter_of(strategy: str, bootstrap: str, topic: str, db: str | None) -> dict[str, object]:

@@ -12,6 +12,7 @@ process, on the real PostgreSQL) and a per-group retry topic instead.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import sys
@@ -30,6 +31,7 @@ from redrive.headers import (
     describe_error,
     encode,
     next_request,
+    request_id,
 )
 from redrive.policy import policy
 from redrive.router import SourceRecord
@@ -322,6 +324,7 @@ def test_record_routing_without_spark() -> None:
         group="billing",
         partition=1,
     )
+    expected = dataclasses.replace(expected, id=request_id(expected))
     assert out.headers == encode(expected, [("trace", b"t1")])
 
     def wrong_type(

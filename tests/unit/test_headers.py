@@ -27,6 +27,7 @@ from redrive.headers import (
     next_request,
     qualified_name,
     read_delivery_headers,
+    request_id,
     split_headers,
 )
 
@@ -56,6 +57,7 @@ int64 = st.integers(0, H.MAX_INT64)
 int32 = st.integers(0, H.MAX_INT32)
 plain_text = st.text(st.characters(exclude_categories=["Cs"]), min_size=1, max_size=200)
 any_text = st.text(max_size=3000)  # surrogates included: must be made encodable
+ids = st.text("0123456789abcdef", min_size=H.ID_LENGTH, max_size=H.ID_LENGTH)
 
 retry_headers = st.builds(
     RetryHeaders,
@@ -73,6 +75,7 @@ retry_headers = st.builds(
     error_type=st.none() | plain_text,
     error_message=st.none() | any_text,
     error_trace=st.none() | st.text(max_size=10_000),
+    id=st.none() | ids,
 )
 user_names = st.text(max_size=30).filter(lambda n: not n.startswith(H.REDRIVE_PREFIX))
 user_headers = st.lists(st.tuples(user_names, st.none() | st.binary(max_size=50)), max_size=8)
@@ -136,6 +139,7 @@ def test_the_contract_is_exactly_these_headers() -> None:
         "redrive-error-message",
         "redrive-error-trace",
         "redrive-reason",
+        "redrive-id",
     )
 
 
@@ -209,6 +213,23 @@ def test_send_to_must_be_retry_or_dlq() -> None:
     reject([*REQUIRED, (H.SEND_TO, b"RETRY")], H.SEND_TO, "must be 'retry' or 'dlq'")
     decoded, _ = decode([*REQUIRED, (H.SEND_TO, b"dlq")])
     assert decoded.send_to == "dlq"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [b"", b"0" * 31, b"0" * 33, b"A" * 32, b"g" * 32, b"0" * 31 + b"\n", b"\xff" * 32],
+)
+def test_id_is_32_lowercase_hex_characters(value: bytes) -> None:
+    problem = "not valid UTF-8" if value == b"\xff" * 32 else "32 lowercase hex characters"
+    reject([*REQUIRED, (H.ID, value)], H.ID, problem)
+
+
+def test_a_request_without_an_id_is_valid() -> None:
+    # Requests written before redrive-id existed (or by producers that write none).
+    decoded, _ = decode(REQUIRED)
+    assert decoded.id is None
+    with_id, _ = decode([*REQUIRED, (H.ID, b"0123456789abcdef" * 2)])
+    assert with_id.id == "0123456789abcdef" * 2
 
 
 def test_null_value() -> None:
@@ -354,6 +375,12 @@ _RAW_VALUES: dict[str, tuple[st.SearchStrategy[bytes], st.SearchStrategy[bytes]]
     H.PARTITION: _ints(0, H.MAX_INT32),
     H.ORIGINAL_PARTITION: _ints(0, H.MAX_INT32),
     H.ATTEMPT: _ints(1, H.MAX_INT32),
+    H.ID: (
+        ids.map(str.encode),
+        st.sampled_from([b"", b"0" * 31, b"0" * 33, b"F" * 32, b"0" * 31 + b"\n", b"-" * 32])
+        | st.sampled_from([b"0" * 31 + b"\xff", "\u0663".encode() * 16, b"0" * 1025])
+        | st.binary(min_size=32, max_size=32),
+    ),
 }
 _odd_values = st.sampled_from([None, bytearray(b"1"), memoryview(b"orders"), "orders", 7])
 _odd_items = st.one_of(
@@ -522,10 +549,12 @@ def test_read_delivery_headers_is_lenient() -> None:
         (H.GROUP, b"a" * 5000),  # too long: dropped
         (H.ERROR_MESSAGE, b"m" * 5000),  # too long: capped
         (H.ORIGINAL_OFFSET, b"42"),
+        (H.ID, b"not an id"),  # invalid optional value dropped
     ]
     read = read_delivery_headers(headers)
     assert read is not None
     assert (read.attempt, read.partition, read.group, read.original_offset) == (4, None, None, 42)
+    assert read.id is None
     assert read.error_message is not None
     assert len(read.error_message.encode()) <= H.MAX_ERROR_MESSAGE_BYTES
     assert read_delivery_headers([(H.DESTINATION, b"bad topic"), (H.RETRY_AT, b"1")]) is None
@@ -626,6 +655,56 @@ def test_next_request_caps_error_texts() -> None:
     assert request.error_message is not None and request.error_trace is not None
     assert len(request.error_message) <= H.MAX_ERROR_MESSAGE_BYTES
     assert len(request.error_trace) <= H.MAX_ERROR_TRACE_BYTES
+
+
+# ---------------------------------------------------------------- request ids
+
+
+def _request(**fields: object) -> RetryHeaders:
+    values: dict[str, object] = {
+        "destination": "orders",
+        "retry_at": 2000,
+        "attempt": 2,
+        "group": "billing",
+        "original_topic": "orders",
+        "original_partition": 3,
+        "original_offset": 77,
+    }
+    values.update(fields)
+    return RetryHeaders(**values)  # type: ignore[arg-type]
+
+
+def test_request_id_is_the_same_for_the_same_failure() -> None:
+    # A hand-off repeated after a crash writes the request again, later and maybe with
+    # another error text or deadline: the same failure, so the same id.
+    first = request_id(_request())
+    assert first == request_id(
+        _request(retry_at=9000, deadline=9999, error_message="other", original_timestamp=5)
+    )
+    assert len(first) == H.ID_LENGTH and set(first) <= set("0123456789abcdef")
+    assert decode(encode(replace(_request(), id=first)))[0].id == first
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"attempt": 3},  # the next retry of the record is a new request
+        {"original_offset": 78},
+        {"original_partition": 4},
+        {"original_topic": "payments"},
+        {"group": "shipping"},
+        {"group": None},
+    ],
+)
+def test_request_id_differs_for_another_failure(change: dict[str, object]) -> None:
+    assert request_id(_request(**change)) != request_id(_request())
+
+
+def test_request_id_fields_do_not_run_together() -> None:
+    # A group name that contains what a naive join would put between the fields.
+    a = _request(group="a.b", original_topic="c")
+    b = _request(group="a", original_topic="b.c")
+    assert request_id(a) != request_id(b)
 
 
 def test_replace_revalidates() -> None:

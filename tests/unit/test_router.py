@@ -19,6 +19,7 @@ from redrive.headers import (
     describe_error,
     encode,
     next_request,
+    request_id,
 )
 from redrive.policy import (
     DeadLetter,
@@ -107,7 +108,7 @@ def test_a_first_failure_is_a_retry_request_back_to_its_partition() -> None:
     assert outcome.decision == Retry(at_ms=NOW + 1000, delay_ms=1000, attempt=1)
     assert outcome.target == RetryTarget("requests", "orders", None, 1)
     assert outcome.failed_at_ms == NOW
-    assert outcome.request == next_request(
+    expected = next_request(
         None,
         destination="orders",
         retry_at=NOW + 1000,
@@ -119,6 +120,7 @@ def test_a_first_failure_is_a_retry_request_back_to_its_partition() -> None:
         group=GROUP,
         partition=1,
     )
+    assert outcome.request == dataclasses.replace(expected, id=request_id(expected))
 
 
 def test_a_retry_to_another_topic_is_partitioned_by_key() -> None:
@@ -143,6 +145,30 @@ def test_a_redelivery_counts_on_and_keeps_its_origin() -> None:
     assert request.original_timestamp == 900_000
     assert request.deadline == NOW + 10_000
     assert request.error_type == "ValueError" and request.error_message == "again"
+
+
+def test_a_repeated_hand_off_has_the_same_id_and_each_retry_a_new_one() -> None:
+    record = failed(attempt=3, delivery=redelivery(2, id="0" * 32))
+    first = route(record, ValueError("again"))
+    # The same failure handed off again after a crash: later, with another error text.
+    repeat = Router(policy("1s x3"), GROUP, clock=lambda: NOW + 5_000).route(
+        record, ValueError("still"), retry_to=through(record), dead_letters="d", home="orders"
+    )
+    assert isinstance(first, Retried) and first.request is not None
+    assert isinstance(repeat, Retried) and repeat.request is not None
+    assert first.request.retry_at != repeat.request.retry_at
+    assert first.request.id == repeat.request.id == request_id(first.request)
+    assert first.request.id != "0" * 32  # not the delivered request's: a new failure
+    # Another attempt, another group or another record: another id.
+    others = [
+        route(failed(attempt=2, delivery=redelivery(1)), ValueError("x")),
+        route(failed(attempt=3, delivery=redelivery(2, original_offset=8)), ValueError("x")),
+        Router(policy("1s x3"), "shipping", clock=lambda: NOW).route(
+            record, ValueError("x"), retry_to=through(record), dead_letters="d", home="orders"
+        ),
+    ]
+    ids = {o.request.id for o in others if isinstance(o, Retried) and o.request is not None}
+    assert len(ids) == 3 and first.request.id not in ids
 
 
 def test_a_retry_in_place_writes_nothing_and_counts_from_its_first_failure() -> None:
@@ -172,6 +198,7 @@ def test_a_fatal_error_is_a_dead_letter_with_its_reason() -> None:
     assert headers.deadline == NOW + 5 and headers.group == GROUP
     assert headers.original_offset == 7  # where it was first consumed
     assert headers.error_type == "redrive.policy.FatalError"
+    assert headers.id is None  # never delivered: nothing to tell repeats apart from
 
 
 def test_a_spent_policy_is_a_dead_letter() -> None:
