@@ -65,6 +65,7 @@ from redrive.consumer.offsets import OffsetTracker, Partition
 from redrive.consumer.pauses import PauseBook
 from redrive.consumer.publisher import Publisher
 from redrive.consumer.records import DeadLetterHook, Records, RetryHook
+from redrive.consumer.repeats import DEFAULT_REPEAT_WINDOW, RecentIds
 from redrive.consumer.routes import HandlerOptions, Kind, Route, build_route
 from redrive.consumer.strategies.pause import BreakerHook, Breakers
 from redrive.consumer.topics import create_derived_topics
@@ -118,6 +119,10 @@ class App:
     twice (see :mod:`redrive.consumer.transactions`). With ``instance_id``, the
     ``transactional.id`` is stable across restarts.
 
+    ``repeat_window``: how many ``redrive-id`` of redelivered records handled lately
+    the App remembers, to skip a repeat delivery of one (0: none); see
+    :mod:`redrive.consumer.repeats`.
+
     ``max_in_flight`` bounds the records of ``async def`` handlers accepted and not
     dealt with yet (running, or waiting for an earlier record of their key or
     partition); see :mod:`redrive.consumer.async_records`.
@@ -140,6 +145,7 @@ class App:
         batch_size: int = 500,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         transactional: bool = False,
+        repeat_window: int = DEFAULT_REPEAT_WINDOW,
         commit_interval_s: float = 1.0,
         poll_timeout_s: float = 0.1,
         on_retry: RetryHook | None = None,
@@ -169,6 +175,13 @@ class App:
             )
         self.max_in_flight = max_in_flight
         self.transactional = transactional
+        if type(repeat_window) is not int or repeat_window < 0:
+            raise ConfigError(
+                "App(repeat_window=...)",
+                f"{repeat_window!r} is not a whole number >= 0",
+                f"use the default {DEFAULT_REPEAT_WINDOW}, or 0 to handle repeats again",
+            )
+        self.repeat_window = repeat_window
         self._instance_id = instance_id
         self._transactions: Transactions | None = None
         self.commit_interval_s = commit_interval_s
@@ -337,6 +350,7 @@ class App:
             Breakers.of(
                 ((r.topic, r.breaker) for r in self.routes.values()), self.metrics, self.on_breaker
             ),
+            RecentIds(self.repeat_window),
         )
         self._offsets = OffsetTracker()
         self._pauses = PauseBook(consumer)

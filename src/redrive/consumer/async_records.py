@@ -266,6 +266,8 @@ class AsyncRecords:
                     else:
                         topic = current.route.topic
                         handled[topic] = handled.get(topic, 0) + 1
+                        if message.retry is not None:
+                            records.remember(message)
                         self._done((current.topic, current.partition), current.offset)
                         go_on = True
                 else:

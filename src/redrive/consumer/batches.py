@@ -320,6 +320,9 @@ class Batches:
                 records.failed(route, messages[index], error)
             except Exception as exc:  # noqa: BLE001 - no record may stop the consumer
                 records.unprocessable(entry.record, topic, partition, entry.offset, exc)
+        for index, message in enumerate(messages):
+            if message.retry is not None and index not in failures:
+                records.remember(message)
         handled = len(messages) - len(failures)
         if handled:
             records.handled[route.topic] = records.handled.get(route.topic, 0) + handled

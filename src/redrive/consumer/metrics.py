@@ -10,7 +10,8 @@ class ConsumerMetrics:
         self.registry = registry or CollectorRegistry()
         self.records = Counter(
             "redrive_consumer_records",
-            "Records dealt with, by outcome: handled, retried, dead_lettered.",
+            "Records dealt with, by outcome: handled, retried, dead_lettered, "
+            "repeat_skipped (a redelivery handled already).",
             ["topic", "outcome"],
             registry=self.registry,
         )

@@ -36,6 +36,7 @@ from redrive.consumer.message import Message
 from redrive.consumer.metrics import ConsumerMetrics
 from redrive.consumer.offsets import Partition
 from redrive.consumer.publisher import Publisher
+from redrive.consumer.repeats import RecentIds
 from redrive.consumer.routes import Kind, Route
 from redrive.consumer.strategies import Wait
 from redrive.consumer.strategies.pause import Breakers
@@ -72,6 +73,7 @@ class Records:
         on_retry: RetryHook | None,
         on_dead_letter: DeadLetterHook | None,
         breakers: Breakers | None = None,
+        repeats: RecentIds | None = None,
     ) -> None:
         self.group = group
         self.reads = reads
@@ -88,6 +90,8 @@ class Records:
         self.breakers = breakers if breakers is not None else Breakers()
         """The pause handlers' circuit breakers (the loop ticks them each turn)."""
         self.circuits = self.breakers.by_topic
+        self.repeats = repeats if repeats is not None else RecentIds()
+        """The ids of redelivered records handled lately (:mod:`redrive.consumer.repeats`)."""
 
     def process(self, record: KafkaMessage, topic: str, partition: int, offset: int) -> Wait | None:
         """Deal with one record; None when it is dealt with, else how long to wait."""
@@ -112,6 +116,8 @@ class Records:
             return self._failed(route, message, state, refuse_awaitable(result))
         handled = self.handled
         handled[route.topic] = handled.get(route.topic, 0) + 1
+        if message.retry is not None:
+            self.remember(message)
         if state is not None:
             del self.in_place[(topic, partition)]
         if circuit is not None:
@@ -134,11 +140,18 @@ class Records:
         """A record's handler ended well outside :meth:`process` (an async handler):
         counted, its in-place retry (if any) over, its breaker told."""
         self.handled[route.topic] = self.handled.get(route.topic, 0) + 1
+        if message.retry is not None:
+            self.remember(message)
         if state is not None:
             self.in_place.pop((message.topic, message.partition), None)
         circuit = self.circuits.get(route.topic) if self.circuits else None
         if circuit is not None:
             circuit.succeeded()
+
+    def remember(self, message: Message) -> None:
+        """A redelivered record was handled: a later delivery of it is a repeat."""
+        if message.retry is not None and message.retry.id is not None:
+            self.repeats.add(message.retry.id)
 
     def prepare(
         self,
@@ -162,6 +175,16 @@ class Records:
             attempt = delivery.attempt + 1 if delivery else 1
             failure = _failure(record, topic, partition, offset, user_headers, delivery, attempt)
             self._reject(route, failure, None, UnreadableHeadersError(unreadable), unreadable)
+            return None
+        if delivery is not None and delivery.id is not None and delivery.id in self.repeats:
+            self.metrics.records.labels(route.topic, "repeat_skipped").inc()
+            log.info(
+                "repeat delivery skipped: handled already",
+                topic=topic,
+                partition=partition,
+                offset=offset,
+                redrive_id=delivery.id,
+            )
             return None
         if delivery is not None and kind != "source":  # a tier record may not be due yet
             wait = route.plan.hold(route, topic, partition, offset, delivery)
