@@ -164,6 +164,18 @@ def main(argv: list[str] | None = None) -> list[Result]:
                         },
                     )
                 )
+            success = c["json"]["topics"]["per_s"]
+            for variant in consumer.FAILURE_PATHS:
+                per_s = c["json"][variant]["per_s"]
+                results.append(
+                    Result(
+                        f"5 consumer {variant}",
+                        f"{per_s / success:.2f}x of the topics success path",
+                        "-",
+                        None,
+                        {"per_s": round(per_s), "success_per_s": round(success)},
+                    )
+                )
         if "spark" in chosen:
             results += _spark(stack.bootstrap, size["spark"])
     print_table(results)

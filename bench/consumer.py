@@ -37,6 +37,18 @@ WORK: dict[str, Callable[[bytes], Any]] = {"noop": len, "json": json.loads}
 STRATEGIES = ("blocking", "pause", "topics", "service")
 VARIANTS = (*STRATEGIES, "async", "batch")
 """The rows: a plain handler with each strategy, then an async and a batch handler."""
+FAILURE_PATHS = (
+    "txn",
+    "fail 10%",
+    "fail 10%, txn",
+)
+"""Rows against the topics strategy's success path (JSON handler), strategy topics:
+the cost of transactions (``transactional=True``) alone, of 10% of records failing
+once (handed to the 100 ms tier and handled from there), and of both."""
+
+
+class Flaky(Exception):
+    pass
 
 
 def bare_loop(bootstrap: str, topic: str, n: int, work: Callable[[bytes], Any]) -> float:
@@ -69,8 +81,14 @@ def app_loop(
 ) -> float:
     """Seconds from the first record handled to the n-th, through an App: a plain
     handler with strategy `variant`, or (`async`, `batch`) the same work in an async
-    or a batch handler, strategy `service`."""
-    app = App(bootstrap, group=uuid.uuid4().hex, consumer_kafka=CONSUMER_TUNING)
+    or a batch handler, strategy `service`, or one of :data:`FAILURE_PATHS`."""
+    failing = "fail" in variant
+    app = App(
+        bootstrap,
+        group=uuid.uuid4().hex,
+        consumer_kafka=CONSUMER_TUNING,
+        transactional="txn" in variant,
+    )
     state = {"seen": 0, "started": 0.0}
     done = threading.Event()
 
@@ -78,6 +96,8 @@ def app_loop(
         if not state["seen"]:
             state["started"] = time.perf_counter()
         work(message.raw_value or b"{}")
+        if failing and message.attempt == 1 and message.offset % 10 == 0:
+            raise Flaky("fails once")
         state["seen"] += 1
         if state["seen"] >= n:
             done.set()
@@ -102,6 +122,8 @@ def app_loop(
         app.add_batch_handler(
             topic, batch_handler, max_records=500, max_wait=0, policy="1s", strategy="service"
         )
+    elif variant in FAILURE_PATHS:
+        app.add_handler(topic, handler, policy="100ms", strategy="topics")
     else:
         app.add_handler(topic, handler, policy="1s", strategy=variant)  # type: ignore[arg-type]
     thread = threading.Thread(target=lambda: app.run(install_signal_handlers=False), daemon=True)
@@ -115,7 +137,9 @@ def app_loop(
 
 
 def run(bootstrap: str, n: int, rounds: int = 3) -> dict[str, dict[str, dict[str, float]]]:
-    """{workload: {"bare" | variant: {"per_s", "ratio"}}}, all on one topic.
+    """{workload: {"bare" | variant: {"per_s", "ratio"}}}, all on one topic; the
+    failure paths with the JSON handler only, their ratio to the bare loop too (the
+    caller divides by the topics row's for their cost against the success path).
 
     Each of the `rounds` runs the bare loop and every variant in turn, and each keeps
     its best time: on two cores shared with the broker, one run can be a third slower
@@ -128,7 +152,7 @@ def run(bootstrap: str, n: int, rounds: int = 3) -> dict[str, dict[str, dict[str
         best: dict[str, float] = {}
         for _ in range(rounds):
             times = {"bare": bare_loop(bootstrap, topic, n, work)}
-            for variant in VARIANTS:
+            for variant in VARIANTS + (FAILURE_PATHS if name == "json" else ()):
                 times[variant] = app_loop(bootstrap, topic, n, variant, work)
             best = {k: min(v, best.get(k, v)) for k, v in times.items()}
         results[name] = {k: {"per_s": n / v, "ratio": best["bare"] / v} for k, v in best.items()}

@@ -95,6 +95,9 @@ class Intake:
                 # batches anyway, and the memory belongs to the service's budget.
                 "queued.max.messages.kbytes": 8192,
                 **settings.intake_kafka,
+                # Not overridable: a request of a transaction aborted (or still open)
+                # is not one, and Apps with transactional=True rely on that.
+                "isolation.level": "read_committed",
             },
             setting=INSTANCE_ID_SETTING,
         )
