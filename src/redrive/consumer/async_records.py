@@ -140,14 +140,13 @@ class AsyncRecords:
             prepared = self._prepare(route, kind, record, topic, partition, offset)
             if isinstance(prepared, Wait):
                 return prepared
-            self.in_flight.accept(tp, offset)
             if prepared is None:  # dealt with: a dead letter before its handler
+                self.in_flight.accept(tp, offset)
                 self._done(tp, offset)
                 return None
             message = prepared
             lane = None if message.key is None else (route.topic, message.key)
-        if message is None:
-            self.in_flight.accept(tp, offset)
+        self.in_flight.accept(tp, offset)
         item = _Item(route, kind, record, topic, partition, offset, message)
         if lane is not None:
             queued = self._lanes.get(lane)

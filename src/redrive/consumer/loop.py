@@ -79,9 +79,7 @@ def poll_once(
     if async_records is not None:
         room = async_records.room()
         if not room:  # full: the event loop runs until a record leaves
-            records.handled.clear()
-            async_records.run(timeout)
-            _count(records, metrics)
+            _run_async(async_records, records, metrics, timeout)
             return False
         batch_size = min(batch_size, room)
         if async_records.in_flight.count:
@@ -95,9 +93,7 @@ def poll_once(
         batch = consume_available(consumer, batch_size, timeout)
     if not batch and (batches is None or not batches.due(time.monotonic())):
         if async_records is not None and async_records.in_flight.count:
-            records.handled.clear()
-            async_records.run(timeout)
-            _count(records, metrics)
+            _run_async(async_records, records, metrics, timeout)
         return True
     rewound: set[Partition] = set()
     positions: dict[Partition, int] = {}
@@ -176,6 +172,15 @@ def poll_once(
     _count(records, metrics)
     metrics.waiting_partitions.set(pauses.count())
     return True
+
+
+def _run_async(
+    async_records: AsyncRecords, records: Records, metrics: ConsumerMetrics, timeout: float
+) -> None:
+    """A turn without records to take: the event loop runs, what ends is counted."""
+    records.handled.clear()
+    async_records.run(timeout)
+    _count(records, metrics)
 
 
 def _count(records: Records, metrics: ConsumerMetrics) -> None:
