@@ -32,6 +32,8 @@ from redrive.header_fields import (
     MAX_INT32,
     MAX_INT64,
     MAX_TOPIC_LENGTH,
+    ORDER,
+    ORDERS,
     ORIGINAL_OFFSET,
     ORIGINAL_PARTITION,
     ORIGINAL_TIMESTAMP,
@@ -153,6 +155,8 @@ _SEND_TO: Final = 2  # b"retry" or b"dlq"
 _TEXT: Final = 3  # non-empty UTF-8 (group, error type); the byte cap is _check_text's
 _ANY_TEXT: Final = 4  # UTF-8, maybe empty; within its cap, so cap_text leaves it as it is
 _ID: Final = 5  # ID_LENGTH lowercase hex characters (ASCII, so its bytes can be checked)
+_ORDER: Final = 6  # b"key", b"behind" or b"release"
+_ORDER_BYTES: Final = frozenset(order.encode("ascii") for order in ORDERS)
 _Rule: TypeAlias = tuple[str, int, int, int, int]
 
 
@@ -179,6 +183,8 @@ _FAST_RULES: Final[dict[str, _Rule]] = {
     ERROR_TRACE: _rule(ERROR_TRACE, _ANY_TEXT),
     REASON: _rule(REASON, _ANY_TEXT),
     ID: _rule(ID, _ID),
+    # An attempt of 0 (a record behind its key's head) takes the careful path.
+    ORDER: _rule(ORDER, _ORDER),
 }
 _TOPIC_BYTES: Final = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-"
 """The characters of header_fields._TOPIC_RE: bytes made only of them strip to nothing."""
@@ -244,6 +250,8 @@ def _decode_fast(headers: list[Any]) -> tuple[RetryHeaders, list[Header]] | None
         if kind == _SEND_TO and raw not in (b"retry", b"dlq"):
             return None
         if kind == _ID and (len(raw) != ID_LENGTH or raw.strip(_HEX_BYTES)):
+            return None
+        if kind == _ORDER and raw not in _ORDER_BYTES:
             return None
         try:
             text = raw.decode("utf-8")

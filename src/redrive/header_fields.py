@@ -20,6 +20,9 @@ Header: TypeAlias = tuple[str, bytes | None]
 """One Kafka header as confluent-kafka returns it: name and raw value (or None)."""
 
 SendTo: TypeAlias = Literal["retry", "dlq"]
+Order: TypeAlias = Literal["key", "behind", "release"]
+"""``redrive-order``: what a request is to its key's queue (see :class:`RetryHeaders`)."""
+ORDERS: Final[tuple[Order, ...]] = ("key", "behind", "release")
 
 REDRIVE_PREFIX: Final = "redrive-"
 
@@ -39,6 +42,7 @@ ERROR_MESSAGE: Final = "redrive-error-message"
 ERROR_TRACE: Final = "redrive-error-trace"
 REASON: Final = "redrive-reason"
 ID: Final = "redrive-id"
+ORDER: Final = "redrive-order"
 DEAD_LETTER_REASON: Final = "redrive-dead-letter-reason"
 """Not part of a request: added to a dead letter published to a DLQ topic (by the
 retry service's ``mirror_dead_letters`` and the Spark scheduler), saying why it is
@@ -61,6 +65,7 @@ FIELD_OF: Final[dict[str, str]] = {
     ERROR_TRACE: "error_trace",
     REASON: "reason",
     ID: "id",
+    ORDER: "order",
 }
 """Header name -> :class:`RetryHeaders` field, in the order ``encode()`` writes them."""
 
@@ -266,13 +271,27 @@ class RetryHeaders(FailureHistory):
     """The request's identity, the same on every delivery of it: ``ID_LENGTH`` lowercase
     hex characters (:func:`redrive.headers.request_id`). None in requests written
     before redrive wrote one, or by a producer that writes none."""
+    order: Order | None = None
+    """The record's key keeps its order through the retry (``ordering="key"``): ``key``,
+    a retry of the record at the head of its key's queue; ``behind``, a record not
+    handled yet that waits behind that head (its attempt is 0: it has not failed);
+    ``release``, not a retry: the consumer is done with the head this request names
+    (its original offset and attempt), the next of the queue may go. The queue is
+    the group's, original topic's and partition's, and the record key's. None: no
+    order kept (the record's key may be overtaken)."""
 
     def __post_init__(self) -> None:
         # decode() skips these checks for what it has read (see _FAST_RULES in
         # header_decoding.py, which restates them): change both together.
         _check_topic(DESTINATION, self.destination)
         _check_int(RETRY_AT, self.retry_at, 0, MAX_INT64)
-        _check_int(ATTEMPT, self.attempt, 1, MAX_INT32)
+        if self.order is not None and self.order not in ORDERS:
+            raise HeaderError(
+                ORDER, f"must be one of {', '.join(ORDERS)}, got {show_value(self.order)}"
+            )
+        # A record waiting behind its key's head, or released, may not have failed yet.
+        unfailed = self.order in ("behind", "release")
+        _check_int(ATTEMPT, self.attempt, 0 if unfailed else 1, MAX_INT32)
         if self.send_to not in ("retry", "dlq"):
             raise HeaderError(SEND_TO, f"must be 'retry' or 'dlq', got {show_value(self.send_to)}")
         for header, value, maximum in (

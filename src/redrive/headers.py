@@ -50,6 +50,8 @@ from redrive.header_fields import MAX_INT32 as MAX_INT32
 from redrive.header_fields import MAX_INT64 as MAX_INT64
 from redrive.header_fields import MAX_TOPIC_LENGTH as MAX_TOPIC_LENGTH
 from redrive.header_fields import MAX_VALUE_BYTES as MAX_VALUE_BYTES
+from redrive.header_fields import ORDER as ORDER
+from redrive.header_fields import ORDERS as ORDERS
 from redrive.header_fields import ORIGINAL_OFFSET as ORIGINAL_OFFSET
 from redrive.header_fields import ORIGINAL_PARTITION as ORIGINAL_PARTITION
 from redrive.header_fields import ORIGINAL_TIMESTAMP as ORIGINAL_TIMESTAMP
@@ -65,6 +67,7 @@ from redrive.header_fields import TRUNCATED_SUFFIX as TRUNCATED_SUFFIX
 from redrive.header_fields import FailureHistory as FailureHistory
 from redrive.header_fields import Header as Header
 from redrive.header_fields import HeaderError as HeaderError
+from redrive.header_fields import Order as Order
 from redrive.header_fields import RetryHeaders as RetryHeaders
 from redrive.header_fields import SendTo as SendTo
 from redrive.header_fields import cap_text as cap_text

@@ -7,9 +7,11 @@ one of them from each request; the service's store writes them to PostgreSQL.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 
-from redrive.headers import FailureHistory, Header
+from redrive.headers import FailureHistory, Header, Order
 from redrive.reasons import DeadLetterReason
 
 
@@ -39,6 +41,38 @@ class PendingRetry:
     original_partition: int | None
     original_offset: int | None
     request: RequestCoordinates
+    order: Order | None = None
+    """``key`` or ``behind`` when the record keeps its key's order (``redrive-order``)."""
+
+    @property
+    def order_queue(self) -> bytes | None:
+        """The key's queue this retry joins (None: it keeps no order)."""
+        if self.order is None:
+            return None
+        return order_queue(self.group, self.original_topic, self.original_partition, self.key)
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Not a retry: a consumer is done with the head of a key's queue (handled, or a
+    dead letter), named by its original offset and attempt; the next may go."""
+
+    queue: bytes
+    original_offset: int
+    attempt: int
+    request: RequestCoordinates
+
+
+def order_queue(
+    group: str | None, topic: str | None, partition: int | None, key: bytes | None
+) -> bytes:
+    """The identity of a key's queue: its group, original topic and partition, and the
+    record key, as 16 bytes of BLAKE2b (a key may be megabytes; its queue id is not)."""
+    fields = json.dumps([group, topic, partition], separators=(",", ":")).encode()
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(len(fields).to_bytes(4, "big") + fields)
+    digest.update(b"\x00" if key is None else b"\x01" + key)
+    return digest.digest()
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,9 @@ from redrive.headers import (
     MAX_ERROR_MESSAGE_BYTES,
     MAX_TOPIC_LENGTH,
     MAX_VALUE_BYTES,
+    ORIGINAL_OFFSET,
+    ORIGINAL_PARTITION,
+    ORIGINAL_TOPIC,
     Header,
     HeaderError,
     RetryHeaders,
@@ -34,7 +37,13 @@ from redrive.headers import (
 )
 from redrive.kafka import read_headers
 from redrive.reasons import DeadLetterReason
-from redrive.records import DeadLetterRecord, PendingRetry, RequestCoordinates
+from redrive.records import (
+    DeadLetterRecord,
+    PendingRetry,
+    Release,
+    RequestCoordinates,
+    order_queue,
+)
 
 SOURCE: Final = "intake"
 
@@ -73,10 +82,16 @@ class IntakeRules:
     destination_allowed: Callable[[str], bool]
     partitions_of: Callable[[str], int | None]  # None: the topic does not exist
     max_delay_ms: int
+    keeps_order: bool = True
+    """Whether the reader keeps a key's queue (``redrive-order``): the retry service
+    does, the Spark scheduler does not, and refuses what would need it."""
 
 
-def classify(msg: Incoming, rules: IntakeRules, now_ms: int) -> PendingRetry | DeadLetterRecord:
-    """A valid request becomes a pending retry; anything else a dead letter with its reason."""
+def classify(
+    msg: Incoming, rules: IntakeRules, now_ms: int
+) -> PendingRetry | DeadLetterRecord | Release:
+    """A valid request becomes a pending retry (or, with ``redrive-order: release``, a
+    :class:`Release` of its key's queue); anything else a dead letter with its reason."""
     if msg.header_problem is not None:
         # Some headers are gone: even a request that decodes may have lost one that
         # mattered (its deadline, its group), so it is not scheduled on a guess.
@@ -91,6 +106,16 @@ def classify(msg: Incoming, rules: IntakeRules, now_ms: int) -> PendingRetry | D
     def dead(code: DeadLetterReason, reason: str) -> DeadLetterRecord:
         return _dead(msg, request, code, reason)
 
+    if request.order is not None:
+        refused = _order_problem(request, rules)
+        if refused is not None:
+            return dead(DeadLetterReason.INVALID_REQUEST, f"invalid request: {refused}")
+        if request.order == "release":
+            assert request.original_offset is not None  # _order_problem checked it
+            queue = order_queue(
+                request.group, request.original_topic, request.original_partition, msg.key
+            )
+            return Release(queue, request.original_offset, request.attempt, msg.coordinates)
     if not rules.destination_allowed(request.destination):
         return dead(
             DeadLetterReason.DESTINATION_NOT_ALLOWED,
@@ -103,7 +128,9 @@ def classify(msg: Incoming, rules: IntakeRules, now_ms: int) -> PendingRetry | D
             "sent to the dead letters by its consumer "
             f"(redrive-send-to: dlq) after attempt {request.attempt}{why}",
         )
-    if not msg.value:
+    # A record waiting behind its key's head is delivered as it was written, a
+    # tombstone (no value) too: it is part of the key's order.
+    if not msg.value and request.order != "behind":
         return dead(
             DeadLetterReason.EMPTY_VALUE,
             "empty value: a retry request must carry the message to deliver",
@@ -154,7 +181,31 @@ def classify(msg: Incoming, rules: IntakeRules, now_ms: int) -> PendingRetry | D
         original_partition=request.original_partition,
         original_offset=request.original_offset,
         request=msg.coordinates,
+        order=request.order,
     )
+
+
+def _order_problem(request: RetryHeaders, rules: IntakeRules) -> str | None:
+    """Why a request of a key's queue cannot be kept in order, if it cannot."""
+    if not rules.keeps_order:
+        return (
+            f"redrive-order: {request.order} needs the retry service, which keeps each "
+            "key's queue (this scheduler does not)"
+        )
+    missing = [
+        name
+        for name, value in (
+            (GROUP, request.group),
+            (ORIGINAL_TOPIC, request.original_topic),
+            (ORIGINAL_PARTITION, request.original_partition),
+            (ORIGINAL_OFFSET, request.original_offset),
+        )
+        if value is None
+    ]
+    if missing:
+        names = ", ".join(missing)
+        return f"redrive-order: {request.order} must name its key's queue; missing {names}"
+    return None
 
 
 def _text(raw: bytes | None) -> str | None:

@@ -42,3 +42,10 @@ def single_retry_topic(group: str, topic: str) -> str:
     as a tier. It cannot be one of the ``topics`` strategy's tiers, whose last part is a
     duration (``5m``), nor the per-group retry topic ``<group>.<topic>.retry``."""
     return f"{group}.{topic}.retry.all"
+
+
+def held_keys_topic(group: str, topic: str) -> str:
+    """Where an App keeping key order (``ordering="key"``) writes which keys of ``topic``
+    wait in the retry service for group ``group``: ``<group>.<topic>.held``, compacted,
+    one partition per partition of ``topic`` (see :mod:`redrive.consumer.held_keys`)."""
+    return f"{group}.{topic}.held"

@@ -76,6 +76,7 @@ retry_headers = st.builds(
     error_message=st.none() | any_text,
     error_trace=st.none() | st.text(max_size=10_000),
     id=st.none() | ids,
+    order=st.none() | st.sampled_from(H.ORDERS),
 )
 user_names = st.text(max_size=30).filter(lambda n: not n.startswith(H.REDRIVE_PREFIX))
 user_headers = st.lists(st.tuples(user_names, st.none() | st.binary(max_size=50)), max_size=8)
@@ -140,6 +141,7 @@ def test_the_contract_is_exactly_these_headers() -> None:
         "redrive-error-trace",
         "redrive-reason",
         "redrive-id",
+        "redrive-order",
     )
 
 
@@ -722,3 +724,30 @@ def test_docs_examples_run() -> None:
     )
     assert tried > 0
     assert failures == 0
+
+
+# ---------------------------------------------------------------- key order
+
+
+@pytest.mark.parametrize("order", ["behind", "release"])
+def test_a_record_not_failed_yet_has_attempt_0_only_in_a_key_queue(order: str) -> None:
+    # A record behind its key's head was never handled: nothing failed, attempt 0.
+    h = RetryHeaders(destination="orders", retry_at=5, attempt=0, order=order)  # type: ignore[arg-type]
+    assert decode(encode(h))[0] == h
+    with pytest.raises(HeaderError, match=H.ATTEMPT):
+        RetryHeaders(destination="orders", retry_at=5, attempt=0)
+    with pytest.raises(HeaderError, match=H.ATTEMPT):
+        RetryHeaders(destination="orders", retry_at=5, attempt=0, order="key")
+    with pytest.raises(HeaderError, match=H.ATTEMPT):
+        decode([(H.DESTINATION, b"orders"), (H.RETRY_AT, b"5"), (H.ATTEMPT, b"0")])
+
+
+def test_an_unknown_order_is_refused_and_named() -> None:
+    with pytest.raises(HeaderError, match=H.ORDER):
+        decode([(H.DESTINATION, b"orders"), (H.RETRY_AT, b"5"), (H.ORDER, b"partition")])
+    # The lenient reader drops it, and the attempt it would have allowed.
+    delivery = read_delivery_headers(
+        [(H.DESTINATION, b"orders"), (H.RETRY_AT, b"5"), (H.ATTEMPT, b"0"), (H.ORDER, b"x")]
+    )
+    assert delivery is not None
+    assert (delivery.order, delivery.attempt) == (None, 1)

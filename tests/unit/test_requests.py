@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from redrive.headers import RetryHeaders, encode
 from redrive.reasons import DeadLetterReason as Reason
-from redrive.records import DeadLetterRecord, PendingRetry
+from redrive.records import DeadLetterRecord, PendingRetry, Release, order_queue
 from redrive.requests import Incoming, IntakeRules, classify
 
 pytestmark = pytest.mark.unit
@@ -146,10 +146,73 @@ def test_any_message_ends_as_exactly_one_outcome_and_never_raises(
     headers: list[tuple[str, bytes | None]], value: bytes | None
 ) -> None:
     result = classify(incoming(headers, value), RULES, NOW)
-    assert isinstance(result, PendingRetry | DeadLetterRecord)
+    assert isinstance(result, PendingRetry | DeadLetterRecord | Release)
+    if isinstance(result, Release):
+        return
     if isinstance(result, DeadLetterRecord):
         assert result.reason and result.reason_code
         assert result.headers == headers and result.value == value
     else:
         assert RULES.destination_allowed(result.destination)
         assert result.due_ms <= NOW + RULES.max_delay_ms
+
+
+# ---------------------------------------------------------------- key order
+
+
+def _ordered(order: str, attempt: int, **overrides: object) -> list[tuple[str, bytes | None]]:
+    fields: dict[str, object] = {
+        "destination": "orders",
+        "retry_at": NOW,
+        "attempt": attempt,
+        "group": "billing",
+        "original_topic": "orders",
+        "original_partition": 2,
+        "original_offset": 41,
+        "order": order,
+        **overrides,
+    }
+    return encode(RetryHeaders(**fields))  # type: ignore[arg-type]
+
+
+def test_a_release_names_its_key_queue_and_head() -> None:
+    result = classify(incoming(_ordered("release", 0), value=None), RULES, NOW)
+    assert result == Release(
+        order_queue("billing", "orders", 2, b"k"), 41, 0, incoming([]).coordinates
+    )
+
+
+def test_records_of_a_key_queue_keep_its_identity_and_a_tombstone_may_wait_behind() -> None:
+    head = classify(incoming(_ordered("key", 1)), RULES, NOW)
+    behind = classify(incoming(_ordered("behind", 0, original_offset=42), value=None), RULES, NOW)
+    assert isinstance(head, PendingRetry) and isinstance(behind, PendingRetry)
+    assert head.order == "key" and behind.order == "behind"
+    assert head.order_queue == behind.order_queue == order_queue("billing", "orders", 2, b"k")
+    assert behind.value is None  # a delete of the key, kept in its order
+    # Not behind a head: an empty retry is still refused.
+    empty = classify(incoming(_ordered("key", 1), value=None), RULES, NOW)
+    assert isinstance(empty, DeadLetterRecord) and empty.reason_code == Reason.EMPTY_VALUE
+
+
+def test_queues_of_other_keys_groups_or_partitions_are_other_queues() -> None:
+    queues = {
+        order_queue("billing", "orders", 2, b"k"),
+        order_queue("billing", "orders", 2, b"k2"),
+        order_queue("billing", "orders", 2, None),
+        order_queue("billing", "orders", 1, b"k"),
+        order_queue("audit", "orders", 2, b"k"),
+        order_queue("billing", "items", 2, b"k"),
+        order_queue(None, "orders", 2, b"k"),
+    }
+    assert len(queues) == 7
+
+
+def test_an_ordered_request_without_its_queue_or_where_none_is_kept_is_refused() -> None:
+    missing = classify(incoming(_ordered("behind", 0, group=None)), RULES, NOW)
+    assert isinstance(missing, DeadLetterRecord)
+    assert missing.reason_code == Reason.INVALID_REQUEST
+    assert "missing redrive-group" in missing.reason
+    spark = IntakeRules(RULES.destination_allowed, RULES.partitions_of, RULES.max_delay_ms, False)
+    refused = classify(incoming(_ordered("key", 1)), spark, NOW)
+    assert isinstance(refused, DeadLetterRecord)
+    assert "needs the retry service" in refused.reason

@@ -57,6 +57,7 @@ from redrive.consumer.errors import (
     UnreadableHeadersError,
 )
 from redrive.consumer.handlers import check_handler, is_async_callable
+from redrive.consumer.held_keys import HeldKeys
 from redrive.consumer.loop import flush_batches, poll_once
 from redrive.consumer.message import Message
 from redrive.consumer.metrics import ConsumerMetrics
@@ -284,6 +285,12 @@ class App:
         """The same as :meth:`batch_handler`, without the decorator."""
         # "service" is build_route's default strategy.
         settings = batch_settings(topic, options.get("strategy", "service"), max_records, max_wait)
+        if options.get("ordering") is not None:
+            raise ConfigError(
+                f"ordering for batch handler {topic!r}",
+                "batch handlers do not keep key order through retries yet",
+                "use a single-record handler",
+            )
         if is_async_callable(fn):
             raise ConfigError(
                 f"batch handler for {topic!r}",
@@ -337,7 +344,12 @@ class App:
         )
         self._consumer = consumer
         self._producer = producer
+        self._client_config = config
         self._publisher = Publisher(producer, self._stop)
+        self._held = HeldKeys(
+            self._publisher,
+            {r.topic: r.held_topic for r in self.routes.values() if r.ordering is not None},
+        )
         self._transactions = Transactions(producer, consumer) if self.transactional else None
         self._records = Records(
             self.group,
@@ -351,6 +363,7 @@ class App:
                 ((r.topic, r.breaker) for r in self.routes.values()), self.metrics, self.on_breaker
             ),
             RecentIds(self.repeat_window),
+            self._held,
         )
         self._offsets = OffsetTracker()
         self._pauses = PauseBook(consumer)
@@ -517,6 +530,7 @@ class App:
         assigned = set(self._assigned)
         self._forget(assigned)
         self._assigned = frozenset(assigned)
+        self._held.load(self._client_config, assigned)  # as the transaction left them
         wanted = [TopicPartition(t, p) for t, p in sorted(assigned)]
         for tp in self._consumer.committed(wanted, timeout=30) if wanted else []:
             # No committed offset yet: from where auto.offset.reset says.
@@ -537,7 +551,10 @@ class App:
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Added to, not replaced: with cooperative rebalancing these are the new ones.
-        self._assigned = self._assigned | {(p.topic, p.partition) for p in partitions}
+        new = {(p.topic, p.partition) for p in partitions}
+        self._assigned = self._assigned | new
+        # Before any record of theirs: which keys of ordered routes wait for a retry.
+        self._held.load(self._client_config, new)
         log.info(
             "partitions assigned", partitions=[f"{p.topic}[{p.partition}]" for p in partitions]
         )
@@ -564,6 +581,7 @@ class App:
         due again, with its attempts counted, instead of staying paused forever."""
         self._assigned = self._assigned - partitions
         self._offsets.forget(partitions)
+        self._held.forget(partitions)
         self._pauses.release(partitions)
         parked = self._pauses.parked()
         for partition in partitions:

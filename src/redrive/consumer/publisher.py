@@ -53,6 +53,11 @@ class Publisher:
     ) -> None:
         self._produce(_Outgoing(topic, key, value, encode(redrive, user_headers), partition))
 
+    def put(self, topic: str, *, key: bytes, value: bytes | None, partition: int) -> None:
+        """Write a record of redrive's own bookkeeping (no headers), acknowledged and
+        retried as the hand-offs are."""
+        self._produce(_Outgoing(topic, key, value, [], partition))
+
     def _produce(self, out: _Outgoing) -> None:
         def delivered(err: KafkaError | None, msg: Message) -> None:
             self.in_flight -= 1

@@ -18,6 +18,7 @@ and a few dict operations; counts are kept per batch (:attr:`Records.handled`).
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,12 +27,14 @@ from typing import Any
 import structlog
 from confluent_kafka import Message as KafkaMessage
 
+from redrive.clock import now_ms
 from redrive.consumer.errors import (
     DeserializationError,
     UnprocessableRecordError,
     UnreadableHeadersError,
 )
 from redrive.consumer.handlers import refuse_awaitable
+from redrive.consumer.held_keys import HeldKeys
 from redrive.consumer.message import Message
 from redrive.consumer.metrics import ConsumerMetrics
 from redrive.consumer.offsets import Partition
@@ -40,7 +43,7 @@ from redrive.consumer.repeats import RecentIds
 from redrive.consumer.routes import Kind, Route
 from redrive.consumer.strategies import Wait
 from redrive.consumer.strategies.pause import Breakers
-from redrive.headers import Header, RetryHeaders, is_redrive_header
+from redrive.headers import Header, RetryHeaders, is_redrive_header, request_id
 from redrive.kafka import read_headers
 from redrive.policy import DeadLetter, Retry
 from redrive.router import DeadLettered, FailedRecord, Retried, read_delivery
@@ -74,6 +77,7 @@ class Records:
         on_dead_letter: DeadLetterHook | None,
         breakers: Breakers | None = None,
         repeats: RecentIds | None = None,
+        held: HeldKeys | None = None,
     ) -> None:
         self.group = group
         self.reads = reads
@@ -92,6 +96,8 @@ class Records:
         self.circuits = self.breakers.by_topic
         self.repeats = repeats if repeats is not None else RecentIds()
         """The ids of redelivered records handled lately (:mod:`redrive.consumer.repeats`)."""
+        self.held = held if held is not None else HeldKeys(publisher, {})
+        """The keys of ordered routes waiting in the retry service (``ordering="key"``)."""
 
     def process(self, record: KafkaMessage, topic: str, partition: int, offset: int) -> Wait | None:
         """Deal with one record; None when it is dealt with, else how long to wait."""
@@ -99,6 +105,14 @@ class Records:
         message = self.prepare(route, kind, record, topic, partition, offset)
         if not isinstance(message, Message):
             return message  # dealt with before its handler (a dead letter), or waiting
+        if (
+            route.ordering is not None
+            and message.retry is None
+            and message.key is not None
+            and self.held.last(topic, partition, message.key) is not None
+        ):
+            self._behind(route, message)  # its key waits for a retry: so does it
+            return None
         state = self.in_place.get((topic, partition)) if self.in_place else None
         if state is not None and state.offset != offset:
             state = None
@@ -118,6 +132,8 @@ class Records:
         handled[route.topic] = handled.get(route.topic, 0) + 1
         if message.retry is not None:
             self.remember(message)
+            if message.retry.order is not None:
+                self._release(message.retry, message.key)
         if state is not None:
             del self.in_place[(topic, partition)]
         if circuit is not None:
@@ -142,11 +158,70 @@ class Records:
         self.handled[route.topic] = self.handled.get(route.topic, 0) + 1
         if message.retry is not None:
             self.remember(message)
+            if message.retry.order is not None:
+                self._release(message.retry, message.key)
         if state is not None:
             self.in_place.pop((message.topic, message.partition), None)
         circuit = self.circuits.get(route.topic) if self.circuits else None
         if circuit is not None:
             circuit.succeeded()
+
+    def _behind(self, route: Route, message: Message) -> None:
+        """A record of a held key: to the retry service, behind the record it waits for
+        (not handled, so not failed: attempt 0, due at once when its turn comes)."""
+        request = RetryHeaders(
+            destination=route.topic,
+            retry_at=now_ms(),
+            attempt=0,
+            partition=message.partition,
+            group=self.group,
+            original_topic=message.topic,
+            original_partition=message.partition,
+            original_offset=message.offset,
+            original_timestamp=message.timestamp_ms,
+            order="behind",
+        )
+        request = dataclasses.replace(request, id=request_id(request))
+        self.publisher.send(
+            self.requests_topic,
+            key=message.key,
+            value=message.raw_value,
+            user_headers=message.headers,
+            redrive=request,
+        )
+        assert message.key is not None  # only keyed records are held
+        self.held.hold(message.topic, message.partition, message.key, message.offset)
+        self.metrics.records.labels(route.topic, "held_behind").inc()
+        log.info(
+            "record waits behind its key's retry",
+            topic=message.topic,
+            partition=message.partition,
+            offset=message.offset,
+        )
+
+    def _release(self, delivery: RetryHeaders, key: bytes | None) -> None:
+        """The App is done with a record of a key's queue (handled, or a dead letter):
+        the retry service may deliver the next; the key is free if it was the last."""
+        topic = delivery.original_topic
+        partition = delivery.original_partition
+        offset = delivery.original_offset
+        if topic is None or partition is None or offset is None:
+            return  # not a request redrive wrote: no queue to name
+        release = RetryHeaders(
+            destination=delivery.destination,
+            retry_at=now_ms(),
+            attempt=delivery.attempt,
+            group=self.group,
+            original_topic=topic,
+            original_partition=partition,
+            original_offset=offset,
+            order="release",
+        )
+        self.publisher.send(
+            self.requests_topic, key=key, value=None, user_headers=[], redrive=release
+        )
+        if key is not None and topic in self.held.held_topics:
+            self.held.done(topic, partition, key, offset)
 
     def remember(self, message: Message) -> None:
         """A redelivered record was handled: a later delivery of it is a repeat."""
@@ -185,6 +260,8 @@ class Records:
                 offset=offset,
                 redrive_id=delivery.id,
             )
+            if delivery.order is not None:  # released again: the first release may be lost
+                self._release(delivery, record.key())
             return None
         if delivery is not None and kind != "source":  # a tier record may not be due yet
             wait = route.plan.hold(route, topic, partition, offset, delivery)
@@ -304,6 +381,8 @@ class Records:
         if isinstance(outcome, DeadLettered):
             self.in_place.pop(tp, None)
             self._dead_letter(route, failure, outcome, message, error)
+            if message.retry is not None and message.retry.order is not None:
+                self._release(message.retry, message.key)
             return None if circuit is None else circuit.failed(outcome, None)
         wait = self._retry(route, failure, outcome, message, state, error)
         return wait if circuit is None else circuit.failed(outcome, wait)
@@ -320,14 +399,20 @@ class Records:
         """Carry out a retry: hand its request off, or wait for it in place. Counted
         once the retry is under way (a hand-off that raised is not one)."""
         if outcome.request is not None and outcome.target is not None:
+            request = outcome.request
+            ordered = route.ordering is not None and failure.key is not None
+            if ordered:  # the head of its key's queue: the key's later records wait
+                request = dataclasses.replace(request, order="key")
             self.publisher.send(
                 outcome.target.topic,
                 key=failure.key,
                 value=failure.value,
                 user_headers=failure.headers,
-                redrive=outcome.request,
+                redrive=request,
                 partition=outcome.target.partition,
             )
+            if ordered:
+                self._hold(request, failure.key)
         wait = route.plan.wait(outcome.decision)
         self.metrics.records.labels(route.topic, "retried").inc()
         self._hook(self.on_retry, message, outcome.decision, error)
@@ -336,6 +421,13 @@ class Records:
             tp = (failure.topic, failure.partition)
             self.in_place[tp] = InPlace(failure.offset, failure.attempt, first)
         return wait
+
+    def _hold(self, request: RetryHeaders, key: bytes | None) -> None:
+        """A record of an ordered route was handed off: its key is held."""
+        topic, partition = request.original_topic, request.original_partition
+        offset = request.original_offset
+        if key is not None and topic is not None and partition is not None and offset is not None:
+            self.held.hold(topic, partition, key, offset)
 
     def _reject(
         self,
@@ -351,6 +443,8 @@ class Records:
             failure, error, problem, dead_letters=dead_letters, home=route.topic
         )
         self._dead_letter(route, failure, outcome, message, error)
+        if failure.delivery is not None and failure.delivery.order is not None:
+            self._release(failure.delivery, failure.key)
 
     def _dead_letter_topic(self, route: Route) -> str:
         return self.requests_topic if route.dead_letters == "service" else route.dlq_topic

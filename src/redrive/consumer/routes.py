@@ -7,7 +7,9 @@ Derived topic names follow the contract (the header contract's topic names):
   as the tiers;
 - `<topic>.dlq`: dead letters sent to a topic;
 - `<group>.<topic>.retry`: the `service` strategy's per-group destination, so that
-  other groups reading `<topic>` do not see this group's retries.
+  other groups reading `<topic>` do not see this group's retries;
+- `<group>.<topic>.held`: with ``ordering="key"``, the keys waiting in the retry
+  service (compacted; :mod:`redrive.consumer.held_keys`).
 
 What the strategy named by a route does is its :class:`RetryStrategy` object
 (``route.plan``, one module each in :mod:`redrive.consumer.strategies`); how its
@@ -26,7 +28,7 @@ from redrive.consumer.strategies import BY_NAME, DeadLetterTarget, Kind, RetrySt
 from redrive.errors import ConfigError
 from redrive.policy import Policy, PolicyError, policy
 from redrive.router import Router
-from redrive.topic_names import dead_letter_topic, per_group_retry_topic
+from redrive.topic_names import dead_letter_topic, held_keys_topic, per_group_retry_topic
 
 Strategy = Literal["blocking", "pause", "topics", "retry-topic", "service"]
 STRATEGIES: tuple[Strategy, ...] = ("blocking", "pause", "topics", "retry-topic", "service")
@@ -58,6 +60,11 @@ class HandlerOptions(TypedDict, total=False):
     value_deserializer: Callable[[bytes], Any] | None
     dead_letters: DeadLetterTarget | None
     per_group_topic: bool
+    ordering: Literal["key"] | None
+    """``"key"``: while a record waits for its retry, the later records of its key wait
+    behind it, and are handled in order once it is done with (strategy ``service``;
+    see :mod:`redrive.consumer.held_keys`). None (the default): a key's later records
+    may overtake a record waiting for its retry."""
     breaker: Breaker | None
     """The ``pause`` strategy's circuit breaker (default: ``Breaker()``; see
     :class:`redrive.consumer.breaker.Breaker`); other strategies have none."""
@@ -79,6 +86,8 @@ class Route:
     """The circuit breaker's settings (the `pause` strategy)."""
     is_async: bool = False
     """The handler is ``async def``: the App awaits it on its event loop."""
+    ordering: Literal["key"] | None = None
+    """``"key"``: a key's records are handled in order through retries (see HandlerOptions)."""
     plan: RetryStrategy = field(init=False, repr=False, compare=False)
     """What the strategy does (the object behind the name ``strategy``)."""
     router: Router = field(init=False, repr=False, compare=False)
@@ -95,6 +104,11 @@ class Route:
         self.plan = plan
         self.router = Router(self.policy, self.group)
         plan.prepare(self)
+
+    @property
+    def held_topic(self) -> str:
+        """Where the keys waiting in the retry service are written (``ordering="key"``)."""
+        return held_keys_topic(self.group, self.topic)
 
     @property
     def dlq_topic(self) -> str:
@@ -131,6 +145,8 @@ class Route:
         wanted = [t for t, kind in self.topics().items() if kind != "source"]
         if self.dead_letters == "topic":
             wanted.append(self.dlq_topic)
+        if self.ordering == "key":
+            wanted.append(self.held_topic)
         return wanted
 
 
@@ -178,6 +194,8 @@ def build_route(
         )
     if breaker is None and plan is not None:
         breaker = plan.default_breaker
+    ordering = options.get("ordering")
+    _check_ordering(topic, ordering, strategy, per_group_topic, fn)
     return Route(
         topic,
         fn,
@@ -189,7 +207,39 @@ def build_route(
         per_group_topic,
         breaker=breaker,
         is_async=is_async_callable(fn),
+        ordering=ordering,
     )
+
+
+def _check_ordering(
+    topic: str, ordering: object, strategy: str, per_group_topic: bool, fn: Callable[..., Any]
+) -> None:
+    """``ordering="key"`` needs the retry service to keep each key's queue, and the
+    retries back on the partition the held keys of which the App keeps."""
+    setting = f"ordering for {topic!r}"
+    if ordering is None:
+        return
+    if ordering != "key":
+        raise ConfigError(setting, f"{ordering!r} is not an ordering", 'use "key", or leave it out')
+    if strategy != "service":
+        raise ConfigError(
+            setting,
+            f"the {strategy} strategy does not keep key order through retries",
+            'use strategy="service" (the retry service keeps each key\'s queue); '
+            'strategy="blocking" keeps the whole partition\'s order',
+        )
+    if per_group_topic:
+        raise ConfigError(
+            setting,
+            "key order needs the retries delivered back to their own partition",
+            "drop per_group_topic=True",
+        )
+    if is_async_callable(fn):
+        raise ConfigError(
+            setting,
+            "async handlers do not keep key order through retries yet",
+            "use a plain def handler",
+        )
 
 
 def _policy(spec: Any, **options: Any) -> Policy:

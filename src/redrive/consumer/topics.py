@@ -35,7 +35,12 @@ def create_derived_topics(admin: AdminClient, routes: list[Route]) -> None:
             )
         partitions = len(source.partitions)
         wanted += [
-            NewTopic(name, num_partitions=partitions)
+            NewTopic(
+                name,
+                num_partitions=partitions,
+                # One record per held key is what matters: compaction keeps the last.
+                config={"cleanup.policy": "compact"} if name == route.held_topic else {},
+            )
             for name in route.topics_to_create()
             if name not in metadata.topics
         ]

@@ -31,7 +31,7 @@ from redrive.headers import DEAD_LETTER_REASON
 from redrive.kafka import BATCH_WIDE_REFUSALS, consume_available, produce_patiently
 from redrive.membership import GroupConsumer, static_membership
 from redrive.reasons import DeadLetterReason
-from redrive.records import DeadLetterRecord, PendingRetry
+from redrive.records import DeadLetterRecord, PendingRetry, Release
 from redrive.requests import Incoming, IntakeRules, classify
 from redrive.schedules import backoff_delay
 from redrive.service.config import ServiceSettings
@@ -58,6 +58,7 @@ class _Batch:
     incoming: list[Incoming]
     pending: list[PendingRetry]
     dead: list[DeadLetterRecord]
+    releases: list[Release]
 
 
 class Intake:
@@ -196,16 +197,19 @@ class Intake:
         if not incoming:
             return None
         self.metrics.received.inc(len(incoming))
-        pending, dead = self._classify_waiting(incoming)
-        if pending is None or dead is None:
+        classified = self._classify_waiting(incoming)
+        if classified is None:
             return None
-        return _Batch(incoming, pending, dead)
+        return _Batch(incoming, *classified)
 
     def _insert(self, batch: _Batch) -> int:
         """On the writer thread: store the batch, then wake the scheduler if it is due."""
-        inserted = self.store.insert_batch(batch.pending, batch.dead)
+        now = now_ms()
+        inserted = self.store.insert_batch(batch.pending, batch.dead, batch.releases, now)
         if batch.pending:
             self.on_scheduled(min(p.due_ms for p in batch.pending))
+        if batch.releases:  # the next of a released key's queue is due now
+            self.on_scheduled(now)
         return inserted
 
     def _finish(self, batch: _Batch, stored: Future[int]) -> bool:
@@ -236,28 +240,32 @@ class Intake:
 
     def _classify_waiting(
         self, incoming: list[Incoming]
-    ) -> tuple[list[PendingRetry] | None, list[DeadLetterRecord] | None]:
-        """Classify the batch; while the broker cannot answer metadata, wait paused."""
+    ) -> tuple[list[PendingRetry], list[DeadLetterRecord], list[Release]] | None:
+        """Classify the batch; while the broker cannot answer metadata, wait paused.
+        None if stopped first."""
         attempt = 0
         while True:
             try:
                 now = now_ms()
                 pending: list[PendingRetry] = []
                 dead: list[DeadLetterRecord] = []
+                releases: list[Release] = []
                 for item in incoming:
                     result = classify(item, self.rules, now)
                     if isinstance(result, PendingRetry):
                         pending.append(result)
+                    elif isinstance(result, Release):
+                        releases.append(result)
                     else:
                         dead.append(result)
-                return pending, dead
+                return pending, dead, releases
             except MetadataUnavailable as exc:
                 attempt += 1
                 log.warning(
                     "topic metadata unavailable; intake waits", error=str(exc), attempt=attempt
                 )
                 if not self._pause_for(attempt):
-                    return None, None
+                    return None
 
     def _stored(self, batch: _Batch) -> None:
         self.healthy = True

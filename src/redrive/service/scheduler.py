@@ -247,7 +247,8 @@ class Scheduler:
             for r in expired
         ]
         return Settlement(
-            delivered=[r.id for r in outcome.acked],
+            delivered=[r.id for r in outcome.acked if r.order_queue is None],
+            kept=[r.id for r in outcome.acked if r.order_queue is not None],
             dead=dead,
             retry=[r.id for r, _ in outcome.transient],
             retry_at_ms=now_ms() + TRANSIENT_RETRY_MS,

@@ -54,7 +54,7 @@ from typing import Any, Final
 from redrive.client_logs import with_client_logs
 from redrive.errors import ConfigError
 from redrive.headers import DEAD_LETTER_REASON, Header
-from redrive.records import DeadLetterRecord
+from redrive.records import DeadLetterRecord, Release
 from redrive.requests import Incoming, IntakeRules, classify
 from redrive.spark.due_index import DueIndex, slot_of
 from redrive.spark.output import OUTPUT_SCHEMA, OutputRecord, frame
@@ -245,6 +245,8 @@ class RetryScheduler(StatefulProcessor):
                     _headers(headers),
                 )
                 result = classify(request, self.intake, now)
+                if isinstance(result, Release):
+                    continue  # never: keeps_order=False refuses every ordered request
                 if isinstance(result, DeadLetterRecord):
                     out.append(dlq_record(result, result.reason, self.rules.dlq_topic))
                 elif result.due_ms <= now and deliver_now:

@@ -102,6 +102,7 @@ class SchedulerRules:
             destination_allowed=allowlist.allows,
             partitions_of=_partitions_lookup(self.admin_config),
             max_delay_ms=self.max_delay_ms,
+            keeps_order=False,  # key order is the retry service's (ordering="key")
         )
 
 

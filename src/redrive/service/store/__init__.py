@@ -5,6 +5,7 @@ its one door. Callers get typed methods, never a connection:
 
 - :mod:`.intake_writes`: intake's batches of pending retries and dead letters;
 - :mod:`.claims`: the scheduler's claims of due rows and what became of them;
+- :mod:`.key_queues`: the retries of one key delivered one at a time, in order;
 - :mod:`.dead_letters`, :mod:`.pending`: what operators browse, delete and retry;
 - :mod:`.stats`: the per-minute counters and the dashboard's totals;
 - :mod:`.audit`: the log of operator actions;
@@ -25,7 +26,7 @@ from typing import Any
 import psycopg
 import psycopg_pool
 
-from redrive.records import DeadLetterRecord, PendingRetry
+from redrive.records import DeadLetterRecord, PendingRetry, Release
 from redrive.service.migrations import migrate
 from redrive.service.store import (
     audit,
@@ -134,15 +135,20 @@ class Store:
     # ------------------------------------------------------------------ intake
 
     def insert_batch(
-        self, pending: Sequence[PendingRetry], dead: Sequence[DeadLetterRecord]
+        self,
+        pending: Sequence[PendingRetry],
+        dead: Sequence[DeadLetterRecord],
+        releases: Sequence[Release] = (),
+        now_ms: int = 0,
     ) -> int:
         """Insert a batch durably in one transaction; a redelivered request is skipped.
+        ``releases`` let the next of their key queues go (:mod:`.key_queues`).
 
         Returns how many pending rows were new. Schedulers listening on NOTIFY_CHANNEL
         learn the batch's earliest due time when the transaction commits.
         """
         with self._conn() as conn:
-            return intake_writes.insert_batch(conn, pending, dead)
+            return intake_writes.insert_batch(conn, pending, dead, releases, now_ms)
 
     # ------------------------------------------------------------------ scheduler
 

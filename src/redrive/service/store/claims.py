@@ -16,15 +16,18 @@ from typing import Any
 
 import psycopg
 
+from redrive.clock import now_ms as clock_ms
 from redrive.header_json import headers_from_json
 from redrive.headers import Header
 from redrive.reasons import DeadLetterReason
+from redrive.service.store import key_queues
 from redrive.service.store.stats import COUNT_MINUTE, per_topic
 
 _CLAIM_DUE = """
-SELECT id, due_ms, destination, dest_partition, msg_key, msg_value, headers, deadline_ms
+SELECT id, due_ms, destination, dest_partition, msg_key, msg_value, headers, deadline_ms,
+       order_queue
 FROM redrive_pending
-WHERE due_ms <= %(now)s
+WHERE due_ms <= %(now)s AND NOT held
 ORDER BY due_ms, id
 LIMIT %(limit)s
 FOR UPDATE SKIP LOCKED
@@ -32,7 +35,8 @@ FOR UPDATE SKIP LOCKED
 
 # The first row free for the taking (rows another scheduler holds are skipped).
 _NEXT_DUE = """
-SELECT due_ms FROM redrive_pending ORDER BY due_ms, id LIMIT 1 FOR KEY SHARE SKIP LOCKED
+SELECT due_ms FROM redrive_pending WHERE NOT held ORDER BY due_ms, id LIMIT 1
+FOR KEY SHARE SKIP LOCKED
 """
 
 _RELEASE = """
@@ -64,6 +68,17 @@ DO UPDATE SET count = redrive_stats_minute.count + EXCLUDED.count
 """
 
 
+# Count delivered heads of key queues as published (they stay, held, until released).
+_COUNT_KEPT = """
+INSERT INTO redrive_stats_minute (minute, kind, topic, count)
+SELECT date_trunc('minute', now()), 'published', destination, count(*)
+FROM redrive_pending WHERE id = ANY(%s)
+GROUP BY destination
+ON CONFLICT (minute, kind, topic)
+DO UPDATE SET count = redrive_stats_minute.count + EXCLUDED.count
+"""
+
+
 @dataclass(slots=True)  # not frozen: built once per request, on the hot path
 class ClaimedRetry:
     """A due row a scheduler holds (locked), ready to be produced."""
@@ -76,6 +91,8 @@ class ClaimedRetry:
     value: bytes | None
     headers: list[Header]
     deadline_ms: int | None
+    order_queue: bytes | None = None
+    """The key queue it heads (:mod:`.key_queues`), if it keeps its key's order."""
 
 
 DeadRow = tuple[int, DeadLetterReason, str]
@@ -84,11 +101,13 @@ DeadRow = tuple[int, DeadLetterReason, str]
 
 @dataclass(frozen=True, slots=True)
 class Settlement:
-    """What became of claimed rows: `delivered` ones are forgotten, `dead` ones (id,
-    reason code, reason) move to the dead letters, and `retry` ones (a delivery failed
-    for a passing reason) are due again at `retry_at_ms`."""
+    """What became of claimed rows: `delivered` ones are forgotten (`kept` ones, heads
+    of key queues, stay until their consumer releases them), `dead` ones (id, reason
+    code, reason) move to the dead letters, and `retry` ones (a delivery failed for a
+    passing reason) are due again at `retry_at_ms`."""
 
     delivered: Sequence[int] = ()
+    kept: Sequence[int] = ()
     dead: Sequence[DeadRow] = ()
     retry: Sequence[int] = ()
     retry_at_ms: int = 0
@@ -98,7 +117,7 @@ def claim_due(conn: psycopg.Connection[Any], *, now_ms: int, limit: int) -> list
     """Lock up to `limit` due rows nobody holds, in due order, in the open transaction."""
     rows = conn.execute(_CLAIM_DUE, {"now": now_ms, "limit": limit}, binary=True)
     return [
-        ClaimedRetry(r[0], r[1], r[2], r[3], r[4], r[5], headers_from_json(r[6]), r[7])
+        ClaimedRetry(r[0], r[1], r[2], r[3], r[4], r[5], headers_from_json(r[6]), r[7], r[8])
         for r in rows
     ]
 
@@ -110,24 +129,29 @@ def next_due_ms(conn: psycopg.Connection[Any]) -> int | None:
 
 
 def to_dead_letters(conn: psycopg.Connection[Any], failures: Sequence[DeadRow]) -> None:
-    """Move pending rows to the dead letters, counted (rows already gone are skipped)."""
+    """Move pending rows to the dead letters, counted (rows already gone are skipped);
+    the next of a key queue whose row it was may go."""
     with conn.cursor() as cur:
-        topics = cur.execute(
-            "SELECT destination FROM redrive_pending WHERE id = ANY(%s)",
+        moved = cur.execute(
+            "SELECT destination, order_queue FROM redrive_pending WHERE id = ANY(%s)",
             ([i for i, _, _ in failures],),
         ).fetchall()
         cur.executemany(
             _PENDING_TO_DEAD,
             [{"id": i, "code": code.value, "reason": reason} for i, code, reason in failures],
         )
-        for topic, count in per_topic([t[0] for t in topics]):
+        for topic, count in per_topic([t[0] for t in moved]):
             cur.execute(COUNT_MINUTE, ("dead_lettered", topic, count))
+    key_queues.advance(conn, [q for _, q in moved if q is not None])
 
 
 def settle(conn: psycopg.Connection[Any], settlement: Settlement) -> None:
     """Record a settlement in the open transaction."""
     if settlement.delivered:
         conn.execute(_DELETE_DELIVERED, (list(settlement.delivered),))
+    if settlement.kept:
+        key_queues.delivered(conn, settlement.kept, clock_ms())
+        conn.execute(_COUNT_KEPT, (list(settlement.kept),))
     if settlement.dead:
         to_dead_letters(conn, settlement.dead)
     if settlement.retry:

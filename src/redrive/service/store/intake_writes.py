@@ -16,7 +16,8 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from redrive.header_json import headers_as_json, headers_to_json
-from redrive.records import DeadLetterRecord, PendingRetry
+from redrive.records import DeadLetterRecord, PendingRetry, Release
+from redrive.service.store import key_queues
 from redrive.service.store.rows import clean_text
 from redrive.service.store.stats import COUNT_MINUTE, per_topic
 
@@ -26,7 +27,7 @@ NOTIFY_CHANNEL: Final = "redrive_pending"
 _PENDING_COLUMNS = (
     "due_ms, destination, dest_partition, msg_key, msg_value, headers, attempt, group_id, "
     "deadline_ms, original_topic, original_partition, original_offset, "
-    "request_topic, request_partition, request_offset"
+    "request_topic, request_partition, request_offset, order_queue, held"
 )
 
 # A batch is copied straight into place: COPY is the fastest way in, and psycopg
@@ -35,7 +36,7 @@ _PENDING_COLUMNS = (
 _COPY_PENDING = f"COPY redrive_pending ({_PENDING_COLUMNS}) FROM STDIN (FORMAT BINARY)"
 _PENDING_TYPES = [  # the types of _PENDING_COLUMNS, in order
     "int8", "text", "int4", "bytea", "bytea", "jsonb", "int4", "text", "int8",
-    "text", "int4", "int8", "text", "int4", "int8",
+    "text", "int4", "int8", "text", "int4", "int8", "bytea", "bool",
 ]  # fmt: skip
 # When a row of the batch is already stored (a request read again after a crash, a
 # failure its consumer wrote twice), that copy fails on a unique index; the batch then
@@ -79,6 +80,9 @@ def _pending_params(row: PendingRetry) -> tuple[Any, ...]:
         row.request.topic,
         row.request.partition,
         row.request.offset,
+        row.order_queue,
+        # A retry of a key's queue waits until key_queues.advance lets it go.
+        row.order is not None,
     )
 
 
@@ -134,13 +138,22 @@ def insert_batch(
     conn: psycopg.Connection[Any],
     pending: Sequence[PendingRetry],
     dead: Sequence[DeadLetterRecord],
+    releases: Sequence[Release] = (),
+    now_ms: int = 0,
 ) -> int:
-    """Store a batch in one transaction, counted; returns how many pending rows were new."""
+    """Store a batch in one transaction, counted; returns how many pending rows were new.
+    Key queues the batch touched (ordered retries, releases) let their heads go."""
     inserted = 0
     with conn.transaction(), conn.cursor() as cur:
         if pending:
             inserted = _insert_pending(conn, [_pending_params(row) for row in pending])
-            earliest = min(r.due_ms for r in pending)
+        queues = [q for q in (r.order_queue for r in pending) if q is not None]
+        key_queues.supersede(conn, queues)
+        key_queues.release(conn, releases)
+        advanced = key_queues.advance(conn, [*queues, *(r.queue for r in releases)])
+        if pending or advanced:
+            # A head let go is due at once (its time has come, or it never failed).
+            earliest = min([r.due_ms for r in pending] + ([now_ms] if advanced else []))
             cur.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, str(earliest)))
         if dead:
             cur.executemany(_INSERT_DEAD, [_dead_params(r) for r in dead])

@@ -1,0 +1,157 @@
+"""Held keys: which keys of an ordered route wait in the retry service, per partition.
+
+A route with ``ordering="key"`` keeps each key's records in order while one of them
+waits for its retry: the failed record goes to the retry service as the head of its
+key's queue, and every later record of that key, instead of reaching the handler,
+goes behind it (``redrive-order: behind``). The service delivers the queue one record
+at a time (:mod:`redrive.service.store.key_queues`); the App releases each once it is
+done with it (handled, or a dead letter).
+
+Invariant: a key is held on a partition from the hand-off of one of its records until
+the App is done with the last record of the key it handed off; while held, no record
+of the key read from the partition reaches the handler. What is held survives a
+restart and a rebalance: every change is written to the compacted topic
+``<group>.<topic>.held`` (key: the record key; value: the offset of the last record
+handed off; a tombstone when the key is free), at the partition of the source record,
+with the App's other hand-offs (in the same transaction with ``transactional=True``);
+a partition's held keys are read back from it when the partition is assigned.
+
+Cost: memory for one entry per held key (the key's bytes and an offset); the held
+topic holds one record per key held (compaction drops the rest).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import structlog
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+
+from redrive.consumer.offsets import Partition
+from redrive.consumer.publisher import Publisher
+
+log = structlog.get_logger("redrive.consumer")
+
+LOAD_TIMEOUT_S = 60.0
+
+
+class HeldKeys:
+    """The held keys of the partitions of ordered routes this App owns (see the module)."""
+
+    def __init__(self, publisher: Publisher, held_topics: Mapping[str, str]) -> None:
+        self.publisher = publisher
+        self.held_topics = dict(held_topics)
+        """Ordered route topic -> its held-keys topic."""
+        self.by_partition: dict[Partition, dict[bytes, int]] = {}
+
+    def last(self, topic: str, partition: int, key: bytes) -> int | None:
+        """The offset of the last record of ``key`` handed off, while the key is held."""
+        held = self.by_partition.get((topic, partition))
+        return None if held is None else held.get(key)
+
+    def hold(self, topic: str, partition: int, key: bytes, offset: int) -> None:
+        """A record of ``key`` at ``offset`` was handed off (a retry, or behind one)."""
+        held = self.by_partition.setdefault((topic, partition), {})
+        last = held.get(key)
+        if last is not None and last >= offset:
+            return  # a later attempt of a record already held, or one read again
+        held[key] = offset
+        self.publisher.put(
+            self.held_topics[topic], key=key, value=str(offset).encode(), partition=partition
+        )
+
+    def done(self, topic: str, partition: int, key: bytes, offset: int) -> bool:
+        """The App is done with the handed-off record of ``key`` at ``offset``: if it was
+        the last, the key is free (True)."""
+        held = self.by_partition.get((topic, partition))
+        last = None if held is None else held.get(key)
+        if held is None or last is None or last > offset:
+            return False
+        del held[key]
+        self.publisher.put(self.held_topics[topic], key=key, value=None, partition=partition)
+        return True
+
+    def count(self, topic: str) -> int:
+        return sum(len(keys) for (t, _), keys in self.by_partition.items() if t == topic)
+
+    def forget(self, partitions: Iterable[Partition]) -> None:
+        """Partitions leave this App: their next owner reads their held keys back."""
+        for partition in partitions:
+            self.by_partition.pop(partition, None)
+
+    def load(self, config: Mapping[str, Any], partitions: Iterable[Partition]) -> None:
+        """Read back the held keys of newly assigned partitions of ordered routes, from
+        their held-keys topic (committed records only: a hand-off of a transaction
+        that did not commit did not happen)."""
+        wanted = [(t, p) for t, p in partitions if t in self.held_topics]
+        if not wanted:
+            return
+        reader = Consumer(
+            {
+                **config,
+                "group.id": "redrive-held-keys-reader",  # assigned, never committed
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+                "isolation.level": "read_committed",
+            }
+        )
+        try:
+            found = _read_to_end(
+                reader,
+                [TopicPartition(self.held_topics[t], p, OFFSET_BEGINNING) for t, p in wanted],
+            )
+        finally:
+            reader.close()
+        by_held = {(self.held_topics[t], p): (t, p) for t, p in wanted}
+        for (held_topic, p), keys in found.items():
+            self.by_partition[by_held[(held_topic, p)]] = keys
+        for partition in wanted:
+            self.by_partition.setdefault(partition, {})
+        log.info(
+            "held keys read back",
+            partitions=[f"{t}[{p}]" for t, p in wanted],
+            held=sum(len(self.by_partition[w]) for w in wanted),
+        )
+
+
+def _read_to_end(
+    reader: Consumer, partitions: list[TopicPartition]
+) -> dict[tuple[str, int], dict[bytes, int]]:
+    """Each partition's keys and last values, read from its start to its end."""
+    found: dict[tuple[str, int], dict[bytes, int]] = {
+        (tp.topic, tp.partition): {} for tp in partitions
+    }
+    open_ = set(found)
+    reader.assign(partitions)
+    deadline = time.monotonic() + LOAD_TIMEOUT_S
+    while open_:
+        if time.monotonic() > deadline:
+            raise TimeoutError(
+                f"held keys not read back within {LOAD_TIMEOUT_S:.0f} s: {sorted(open_)}"
+            )
+        for msg in reader.consume(500, 0.5):
+            where = (str(msg.topic()), int(msg.partition() or 0))
+            error = msg.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    open_.discard(where)
+                    continue
+                raise KafkaException(error)
+            key, value = msg.key(), msg.value()
+            if key is None:
+                continue
+            keys = found[where]
+            if value is None:
+                keys.pop(key, None)
+            else:
+                try:
+                    keys[key] = int(value)
+                except ValueError:
+                    log.warning(
+                        "held-keys record not an offset; skipped",
+                        topic=where[0],
+                        partition=where[1],
+                    )
+    return found

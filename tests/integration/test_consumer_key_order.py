@@ -1,0 +1,144 @@
+"""Key order through non-blocking retries (``ordering="key"``), against the real broker
+and retry service: while a record of a key waits for its retry, the later records of
+that key wait behind it and are handled in order after it; other keys go on; the held
+keys survive a restart of the App; a dead letter at the head lets the rest go."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pytest
+
+from redrive import App, Message
+from redrive.errors import ConfigError
+from tests.integration.consumer_harness import (
+    Calls,
+    outcome_count,
+    retry_service,
+    running_app,
+    wait_for,
+)
+from tests.integration.service_harness import produce
+
+pytestmark = pytest.mark.integration
+
+
+class Flaky(Exception):
+    pass
+
+
+class Broken(Exception):
+    pass
+
+
+def _records(key: bytes, values: list[bytes]) -> list[dict[str, bytes]]:
+    return [{"key": key, "value": v} for v in values]
+
+
+def _handled(calls: Calls, key: bytes, ok: set[tuple[bytes, int]]) -> list[bytes]:
+    """The values of ``key`` whose handler call succeeded, in call order."""
+    with calls.lock:
+        return [c.value for c in calls.items if c.key == key and (c.value, c.attempt) in ok]
+
+
+def test_later_records_of_a_key_wait_behind_its_retry(
+    bootstrap: str, database_url: str, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic("key-order")
+    calls = Calls()
+    succeeded: set[tuple[bytes, int]] = set()
+
+    def handler(message: Message) -> None:
+        calls.add(message)
+        if message.raw_value == b"a1" and message.attempt < 3:
+            raise Flaky("a1 fails twice")
+        assert message.raw_value is not None
+        succeeded.add((message.raw_value, message.attempt))
+
+    with retry_service(bootstrap, database_url, allowed_destinations=[topic]) as service:
+        app = App(bootstrap, group=f"g-{topic}", requests_topic=service.settings.requests_topic)
+        app.add_handler(topic, handler, strategy="service", policy="1s x3", ordering="key")
+        with running_app(app):
+            produce(bootstrap, topic, _records(b"a", [b"a1", b"a2", b"a3"]))
+            produce(bootstrap, topic, _records(b"b", [b"b1", b"b2"]))
+            assert wait_for(lambda: len(_handled(calls, b"a", succeeded)) == 3, 40)
+            assert _handled(calls, b"a", succeeded) == [b"a1", b"a2", b"a3"]
+            # a2 and a3 never reached the handler before a1 succeeded.
+            assert [(c.value, c.attempt) for c in calls.items if c.key == b"a"] == [
+                (b"a1", 1),
+                (b"a1", 2),
+                (b"a1", 3),
+                (b"a2", 1),
+                (b"a3", 1),
+            ]
+            # Key b did not wait for key a's retries: handled before a1's first retry.
+            assert _handled(calls, b"b", succeeded) == [b"b1", b"b2"]
+            order = [(c.value, c.attempt) for c in calls.items]
+            assert order.index((b"b2", 1)) < order.index((b"a1", 2))
+            assert outcome_count(app, topic, "held_behind") == 2
+        # Once a is free, a new record of it goes straight to the handler.
+        with running_app(
+            _app(bootstrap, topic, service.settings.requests_topic, handler)
+        ) as again:
+            produce(bootstrap, topic, _records(b"a", [b"a4"]))
+            assert wait_for(lambda: (b"a4", 1) in succeeded, 20)
+            assert outcome_count(again, topic, "held_behind") == 0
+
+
+def _app(bootstrap: str, topic: str, requests_topic: str, handler: Callable[..., None]) -> App:
+    app = App(bootstrap, group=f"g-{topic}", requests_topic=requests_topic)
+    app.add_handler(topic, handler, strategy="service", policy="1s x3", ordering="key")
+    return app
+
+
+def test_held_keys_survive_a_restart_and_a_dead_letter_lets_the_rest_go(
+    bootstrap: str, database_url: str, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic("key-order-restart", partitions=2)
+    calls = Calls()
+    succeeded: set[tuple[bytes, int]] = set()
+
+    def handler(message: Message) -> None:
+        calls.add(message)
+        if message.raw_value == b"k1":
+            raise Flaky("k1 fails until its attempts run out")
+        if message.raw_value == b"x1" and message.attempt == 1:
+            raise Flaky("x1 fails once")
+        assert message.raw_value is not None
+        succeeded.add((message.raw_value, message.attempt))
+
+    with retry_service(bootstrap, database_url, allowed_destinations=[topic]) as service:
+        requests = service.settings.requests_topic
+        with running_app(_app(bootstrap, topic, requests, handler)):
+            produce(bootstrap, topic, _records(b"k", [b"k1", b"k2"]))
+            produce(bootstrap, topic, _records(b"x", [b"x1", b"x2"]))
+            assert wait_for(lambda: any(c.value == b"k1" for c in calls.items), 20)
+            time.sleep(0.5)  # k2 read and put behind k1
+        # Stopped while k1 waits for its retry (due 1 s after each failure): a new App
+        # reads the held keys back, and k3 waits behind k1 and k2 too.
+        with running_app(_app(bootstrap, topic, requests, handler)) as again:
+            produce(bootstrap, topic, _records(b"k", [b"k3"]))
+            assert wait_for(lambda: len(_handled(calls, b"k", succeeded)) == 2, 40)
+            assert wait_for(lambda: len(_handled(calls, b"x", succeeded)) == 2, 20)
+            # k1 ran out of attempts (a dead letter); k2 and k3 went on, in order.
+            assert _handled(calls, b"k", succeeded) == [b"k2", b"k3"]
+            assert [c.attempt for c in calls.items if c.value == b"k1"] == [1, 2, 3, 4]
+            assert _handled(calls, b"x", succeeded) == [b"x1", b"x2"]
+            assert outcome_count(again, topic, "dead_lettered") == 1
+        [letter] = service.store.dead_letters(limit=10)
+        assert bytes(letter["msg_value"]) == b"k1"
+
+
+def test_ordering_needs_the_retry_service(bootstrap: str) -> None:
+    app = App(bootstrap, group="g-order-config")
+    with pytest.raises(ConfigError, match="ordering"):
+        app.add_handler("t", lambda m: None, strategy="topics", ordering="key")
+    with pytest.raises(ConfigError, match="per_group_topic"):
+        app.add_handler("t", lambda m: None, per_group_topic=True, ordering="key")
+
+    async def handler(message: Message) -> None:
+        return None
+
+    with pytest.raises(ConfigError, match="async"):
+        app.add_handler("t", handler, ordering="key")
