@@ -34,6 +34,7 @@ SIZES = {
         "precision_s": 60,
         "pending": 1_000_000,
         "consumer": 300_000,
+        "consumer_service": 30_000,
         "spark": 200_000,
     },
     "quick": {
@@ -43,6 +44,7 @@ SIZES = {
         "precision_s": 3,
         "pending": 5_000,
         "consumer": 2_000,
+        "consumer_service": 1_000,
         "spark": 2_000,
     },
 }
@@ -174,6 +176,23 @@ def main(argv: list[str] | None = None) -> list[Result]:
                         "-",
                         None,
                         {"per_s": round(per_s), "success_per_s": round(success)},
+                    )
+                )
+            paths = consumer.service_paths(
+                stack.bootstrap, stack.database_url, size["consumer_service"], workdir, rounds
+            )
+            print(f"consumer failure paths through the service: {paths}")
+            for variant in consumer.SERVICE_PATHS[1:]:
+                results.append(
+                    Result(
+                        f"5 consumer {variant}",
+                        f"{paths[variant]['ratio']:.2f}x of the service success path",
+                        "-",
+                        None,
+                        {
+                            "per_s": round(paths[variant]["per_s"]),
+                            "success_per_s": round(paths["service"]["per_s"]),
+                        },
                     )
                 )
         if "spark" in chosen:

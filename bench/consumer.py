@@ -12,6 +12,11 @@ redrive's event loop, tasks and lanes cost, not I/O), with the App's default
 work for each message of its list. The records have keys (`kafka_raw.produce`: 1,000
 distinct ones), so the async handler's records go through per-key lanes as in real
 use.
+
+The failure paths: against the topics strategy's success path, transactions and 10%
+of records failing once (:data:`FAILURE_PATHS`); through a running retry service,
+10% failing once with and without ``ordering="key"`` (:data:`SERVICE_PATHS`), at a
+tenth of the size (each round runs a service of its own).
 """
 
 from __future__ import annotations
@@ -21,12 +26,14 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 from confluent_kafka import Consumer
 
-from bench.common import create_topic
+from bench.common import create_topic, fresh_database
 from bench.kafka_raw import CONSUMER_TUNING, produce
+from bench.service import service_process
 from redrive import App, Message
 
 _DOC: dict[str, Any] = {"id": 1, "items": [{"sku": f"A-{i}", "qty": i} for i in range(30)]}
@@ -45,6 +52,17 @@ FAILURE_PATHS = (
 """Rows against the topics strategy's success path (JSON handler), strategy topics:
 the cost of transactions (``transactional=True``) alone, of 10% of records failing
 once (handed to the 100 ms tier and handled from there), and of both."""
+
+
+SERVICE_PATHS = (
+    "service",
+    "service fail 10%",
+    "service fail 10%, key order",
+)
+"""Rows through a running retry service, strategy `service`, JSON handler: the success
+path, 10% of records failing once (retried through the service, 100 ms), and the same
+with ``ordering="key"`` (the later records of a failed record's key wait behind it,
+through the service too); each as a ratio to the first."""
 
 
 class Flaky(Exception):
@@ -77,7 +95,12 @@ def bare_loop(bootstrap: str, topic: str, n: int, work: Callable[[bytes], Any]) 
 
 
 def app_loop(
-    bootstrap: str, topic: str, n: int, variant: str, work: Callable[[bytes], Any]
+    bootstrap: str,
+    topic: str,
+    n: int,
+    variant: str,
+    work: Callable[[bytes], Any],
+    requests_topic: str | None = None,
 ) -> float:
     """Seconds from the first record handled to the n-th, through an App: a plain
     handler with strategy `variant`, or (`async`, `batch`) the same work in an async
@@ -88,6 +111,7 @@ def app_loop(
         group=uuid.uuid4().hex,
         consumer_kafka=CONSUMER_TUNING,
         transactional="txn" in variant,
+        requests_topic=requests_topic,
     )
     state = {"seen": 0, "started": 0.0}
     done = threading.Event()
@@ -124,6 +148,9 @@ def app_loop(
         )
     elif variant in FAILURE_PATHS:
         app.add_handler(topic, handler, policy="100ms", strategy="topics")
+    elif variant in SERVICE_PATHS:
+        ordering: Literal["key"] | None = "key" if "key order" in variant else None
+        app.add_handler(topic, handler, policy="100ms", strategy="service", ordering=ordering)
     else:
         app.add_handler(topic, handler, policy="1s", strategy=variant)  # type: ignore[arg-type]
     thread = threading.Thread(target=lambda: app.run(install_signal_handlers=False), daemon=True)
@@ -157,3 +184,26 @@ def run(bootstrap: str, n: int, rounds: int = 3) -> dict[str, dict[str, dict[str
             best = {k: min(v, best.get(k, v)) for k, v in times.items()}
         results[name] = {k: {"per_s": n / v, "ratio": best["bare"] / v} for k, v in best.items()}
     return results
+
+
+def service_paths(
+    bootstrap: str, server_url: str, n: int, workdir: Path, rounds: int = 3
+) -> dict[str, dict[str, float]]:
+    """{variant: {"per_s", "ratio"}} of :data:`SERVICE_PATHS`, the ratio to the success
+    path's. Each variant of each round reads a topic of its own (the service delivers
+    retries back to it) through a retry service process of its own on a fresh database;
+    the best time of the rounds is kept."""
+    best: dict[str, float] = {}
+    for _ in range(rounds):
+        for variant in SERVICE_PATHS:
+            topic = create_topic(bootstrap, "bench-consumer-service", 6)
+            produce(bootstrap, topic, n, payload=PAYLOAD)
+            name = f"consumer-{len(best)}-{uuid.uuid4().hex[:6]}"
+            service, requests_topic = service_process(
+                bootstrap, fresh_database(server_url), topic, workdir, name
+            )
+            with service:
+                elapsed = app_loop(bootstrap, topic, n, variant, json.loads, requests_topic)
+            best[variant] = min(elapsed, best.get(variant, elapsed))
+    success = best["service"]
+    return {k: {"per_s": n / v, "ratio": success / v} for k, v in best.items()}

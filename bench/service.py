@@ -91,7 +91,7 @@ def _requests(destination: str, n: int, due: list[int]) -> list[tuple[bytes, lis
     ]
 
 
-def _service(
+def service_process(
     bootstrap: str, database_url: str, destination: str, workdir: Path, name: str
 ) -> tuple[ServiceProcess, str]:
     requests_topic = create_topic(bootstrap, "bench-requests", 6)
@@ -154,7 +154,7 @@ def end_to_end(
     `database_url` is given)."""
     destination = create_topic(bootstrap, "bench-dest", 6)
     database = database_url or fresh_database(server_url)
-    first, requests_topic = _service(bootstrap, database, destination, workdir, "e2e-0")
+    first, requests_topic = service_process(bootstrap, database, destination, workdir, "e2e-0")
     services = [first] + [
         ServiceProcess({**first.env, "REDRIVE_HTTP_PORT": "0"}, workdir / f"e2e-{i}.log")
         for i in range(1, instances)
@@ -416,7 +416,7 @@ def precision(
     lateness = arrival on the destination minus due time."""
     destination = create_topic(bootstrap, "bench-precision", 6)
     n = rate * seconds
-    service, requests_topic = _service(
+    service, requests_topic = service_process(
         bootstrap, database_url or fresh_database(server_url), destination, workdir, "precision"
     )
     rng = random.Random(1)

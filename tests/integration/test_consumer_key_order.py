@@ -14,9 +14,11 @@ from redrive import App, Message
 from redrive.errors import ConfigError
 from tests.integration.consumer_harness import (
     Calls,
+    docs_example,
     outcome_count,
     retry_service,
     running_app,
+    running_example,
     wait_for,
 )
 from tests.integration.service_harness import produce
@@ -142,3 +144,28 @@ def test_ordering_needs_the_retry_service(bootstrap: str) -> None:
 
     with pytest.raises(ConfigError, match="async"):
         app.add_handler("t", handler, ordering="key")
+
+
+def test_the_docs_example_applies_each_orders_statuses_in_order(
+    bootstrap: str, database_url: str, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic("order-status")
+    with retry_service(bootstrap, database_url, allowed_destinations=[topic]) as service:
+        source = docs_example(
+            "## Key order through retries",
+            {
+                '"localhost:9092"': repr(bootstrap),
+                'group="shipping")': (
+                    f"group={'g-' + topic!r}, "
+                    f"requests_topic={service.settings.requests_topic!r})"
+                ),
+                '"order-status"': repr(topic),
+            },
+        )
+        with running_example(source) as example:
+            produce(bootstrap, topic, _records(b"7", [b"PAID", b"SHIPPED", b"DELIVERED"]))
+            produce(bootstrap, topic, _records(b"9", [b"PAID", b"SHIPPED"]))
+            statuses = example["statuses"]
+            done = ["PAID", "SHIPPED", "DELIVERED"]
+            assert wait_for(lambda: statuses.get("7") == done, 30), statuses
+            assert wait_for(lambda: statuses.get("9") == ["PAID", "SHIPPED"], 30), statuses

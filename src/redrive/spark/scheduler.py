@@ -444,6 +444,9 @@ def build_scheduler_query(
         .option("startingOffsets", starting_offsets)
         .option("includeHeaders", "true")
         .options(**extra)
+        # Not overridable: a request of a transaction aborted (or still open) is not
+        # one, and Apps with transactional=True rely on that (as the service's intake).
+        .option("kafka.isolation.level", "read_committed")
     )
     if max_offsets_per_trigger is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
