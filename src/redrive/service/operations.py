@@ -12,6 +12,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from redrive.clock import now_ms as clock_ms
 from redrive.reasons import DeadLetterReason
 from redrive.service.filters import (
     DeadLetterFilter,
@@ -20,6 +21,18 @@ from redrive.service.filters import (
     encode_cursor,
 )
 from redrive.service.store import AuditEntry, Row, Store
+
+
+class PendingHeld(Exception):
+    """Making a retry due now refused: it is held in its key's queue, so it could not
+    go anyway (behind its head), or it is out already (delivered, awaiting its
+    consumer). `status` is the HTTP status it is answered with; `detail` says why."""
+
+    status = 409
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
 
 
 def _page(rows: list[Row], limit: int, *sort_key: str) -> tuple[list[Row], str | None]:
@@ -80,8 +93,43 @@ class Operations:
         return self.store.pending_by_id(pending_id)
 
     def retry_now(self, pending_id: int, now_ms: int) -> bool:
-        """Make a pending retry due now (the scheduler is woken through NOTIFY)."""
-        return self.store.make_due(pending_id, now_ms)
+        """Make a pending retry due now (the scheduler is woken through NOTIFY); False if
+        it is gone. PendingHeld if it is held in its key's queue: the queue's order
+        stands, an operator cancels (or makes due) its head instead."""
+        made = self.store.make_due(pending_id, now_ms)
+        if made == "behind":
+            row = self.pending_one(pending_id)
+            head = f" (pending retry {row['queue_head_id']})" if row else ""
+            raise PendingHeld(
+                f"pending retry {pending_id} waits behind its key's head{head}: a key's "
+                "retries go one at a time, in order; make the head due or cancel it instead"
+            )
+        if made == "delivered":
+            raise PendingHeld(
+                f"pending retry {pending_id} was delivered and waits for its consumer: the "
+                "next of its key goes when the consumer is done with it (or when it is "
+                "cancelled)"
+            )
+        return made == "due"
+
+    def pending_queue(
+        self, pending_id: int, *, limit: int = 50, cursor: str | None = None
+    ) -> tuple[Row, list[Row], str | None] | None:
+        """The key queue a pending retry is in, head first: the row, a page of the
+        queue and the next cursor (no rows for a retry that keeps no order); None if
+        the row is gone."""
+        row = self.pending_one(pending_id)
+        if row is None:
+            return None
+        if row["order_queue"] is None:
+            return row, [], None
+        after = None
+        if cursor:
+            offset, attempt, last_id = decode_cursor(cursor, 3)
+            after = (offset, attempt, last_id)
+        rows = self.store.pending_queue(row["order_queue"], after=after, limit=limit + 1)
+        page, nxt = _page(rows, limit, "original_offset", "attempt", "id")
+        return row, page, nxt
 
     def cancel(self, pending_id: int, actor: str) -> bool:
         """Move a pending retry to the dead letters (reason: cancelled by an operator)."""
@@ -90,7 +138,13 @@ class Operations:
             return False
         reason = f"cancelled by operator {actor}"
         self.store.to_dead_letters([(pending_id, DeadLetterReason.CANCELLED, reason)])
-        return self.pending_one(pending_id) is None
+        gone = self.pending_one(pending_id) is None
+        if gone and before["order_queue"] is not None:
+            # Cancelling a head let the next of its key go (key_queues.advance, in the
+            # same transaction): wake the schedulers rather than leave it to their
+            # next idle check.
+            self.store.wake_schedulers(clock_ms())
+        return gone
 
     # ---------------------------------------------------------------- stats
 

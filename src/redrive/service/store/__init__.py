@@ -40,6 +40,7 @@ from redrive.service.store import (
 from redrive.service.store.audit import AuditEntry
 from redrive.service.store.claims import Claim, ClaimedRetry, DeadRow, Settlement
 from redrive.service.store.intake_writes import NOTIFY_CHANNEL
+from redrive.service.store.pending import MadeDue
 from redrive.service.store.rows import Condition, Row
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "ClaimedRetry",
     "Condition",
     "DeadRow",
+    "MadeDue",
     "Row",
     "Settlement",
     "Store",
@@ -228,10 +230,25 @@ class Store:
         with self._conn() as conn:
             return pending.by_id(conn, pending_id)
 
-    def make_due(self, pending_id: int, now_ms: int) -> bool:
-        """Make a pending retry due now (the schedulers are woken); False if it is gone."""
+    def pending_queue(
+        self, order_queue: bytes, *, after: tuple[int, int, int] | None = None, limit: int
+    ) -> list[Row]:
+        """Up to `limit` rows of a key queue, head first, after the (original_offset,
+        attempt, id) sort key `after` when given."""
+        with self._conn() as conn:
+            return pending.queue(conn, order_queue, after=after, limit=limit)
+
+    def make_due(self, pending_id: int, now_ms: int) -> MadeDue:
+        """Make a pending retry due now (the schedulers are woken): "due"; "gone" if it
+        is gone; "behind" or "delivered" if it is held in its key's queue (unchanged)."""
         with self._conn() as conn:
             return pending.make_due(conn, pending_id, now_ms)
+
+    def wake_schedulers(self, due_ms: int) -> None:
+        """Tell every instance's scheduler that something is due at `due_ms` (NOTIFY):
+        after an operator's change that let a row go, e.g. the next of a key queue."""
+        with self._conn() as conn:
+            conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, str(due_ms)))
 
     def pending_by_destination(self) -> dict[str, int]:
         with self._conn() as conn:

@@ -3,8 +3,9 @@
 Reads are open to anyone who can reach the port unless `require_token_for_reads`
 is set (then a viewer token is needed); every mutation needs an operator token
 (`Authorization: Bearer rdv_...`) and is done by the operator actions (actions.py),
-which write the audit log. A refusal of an action (ActionRefused) or a cursor this
-API did not return (FilterError) is answered by the app's handlers (app.py).
+which write the audit log. A refusal of an action (ActionRefused, or PendingHeld: a
+key queue's order) or a cursor this API did not return (FilterError) is answered by
+the app's handlers (app.py).
 """
 
 import json
@@ -30,7 +31,10 @@ from redrive.service.web.representations import (
     audit_entry,
     dead_letter_detail,
     dead_letter_summary,
+    order_state,
     pending_view,
+    queue_item,
+    queue_view,
 )
 
 NDJSON = "application/x-ndjson"
@@ -53,6 +57,8 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
         401: "No token, an unknown or revoked one, or a malformed Authorization header",
         403: "The token's role may not do this (operator needed)",
         404: "No such dead letter or pending retry",
+        409: "Refused by a key queue's order: the pending retry waits behind its key's "
+        "head, or was delivered and waits for its consumer",
         413: "The request body is over max_request_bytes",
         422: "A malformed parameter or body; the detail names the field",
         502: "The broker did not acknowledge the replayed message",
@@ -248,7 +254,28 @@ def get_pending(who: Reader, ops: Ops, pending_id: PendingId) -> dict[str, Any]:
     return pending_view(row, full=True)
 
 
-@router.post("/pending/{pending_id:int}/retry-now", responses=_errors(403, 404))
+@router.get("/pending/{pending_id:int}/queue", responses=_errors(400, 404), openapi_extra=READ)
+def get_pending_queue(
+    who: Reader, ops: Ops, pending_id: PendingId, limit: Limit = 50, cursor: Cursor = None
+) -> dict[str, Any]:
+    """The key queue a pending retry is in (``ordering="key"``), head first: the order
+    the service delivers it in, one at a time."""
+    found = ops.pending_queue(pending_id, limit=limit, cursor=cursor)
+    if found is None:
+        raise HTTPException(404, f"no pending retry {pending_id} (delivered or cancelled?)")
+    row, rows, nxt = found
+    if row["order_queue"] is None:
+        raise HTTPException(404, f"pending retry {pending_id} keeps no key order (no queue)")
+    return {
+        "id": row["id"],
+        "order_state": order_state(row),
+        "queue": queue_view(row),
+        "items": [queue_item(r) for r in rows],
+        "next_cursor": nxt,
+    }
+
+
+@router.post("/pending/{pending_id:int}/retry-now", responses=_errors(403, 404, 409))
 def retry_now(who: Operator, actions: Actions, pending_id: PendingId) -> dict[str, Any]:
     return actions.retry_now(who, pending_id)
 

@@ -23,7 +23,7 @@ from redrive.service.auth import Tokens
 from redrive.service.config import ServiceSettings
 from redrive.service.filters import FilterError
 from redrive.service.metrics import ServiceMetrics
-from redrive.service.operations import Operations
+from redrive.service.operations import Operations, PendingHeld
 from redrive.service.replay import Replayer
 from redrive.service.web import api, forms, pages, probes
 from redrive.service.web.deps import Collaborators
@@ -104,6 +104,7 @@ def create_app(service: Service) -> FastAPI:
         return await http_exception_handler(request, exc)
 
     app.add_exception_handler(ActionRefused, _action_refused)
+    app.add_exception_handler(PendingHeld, _action_refused)
     app.add_exception_handler(FilterError, _filter_refused)
     app.add_exception_handler(pages.PageRefused, pages.page_refused)
 
@@ -117,8 +118,9 @@ def create_app(service: Service) -> FastAPI:
 
 
 def _action_refused(request: Request, exc: Exception) -> Response:
-    """An operator action refused through the API: its status and sentence."""
-    assert isinstance(exc, ActionRefused)
+    """An operator action refused through the API (by the action, or by a key queue's
+    order): its status and sentence."""
+    assert isinstance(exc, ActionRefused | PendingHeld)
     return JSONResponse({"detail": exc.detail}, status_code=exc.status)
 
 

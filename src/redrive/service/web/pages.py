@@ -1,5 +1,6 @@
-"""The web UI's pages (GET): the overview, pending retries, dead letters, one dead
-letter, and sign-in. The forms they carry are handled in forms.py.
+"""The web UI's pages (GET): the overview, pending retries, one key's queue of pending
+retries, dead letters, one dead letter, and sign-in. The forms they carry are handled
+in forms.py.
 
 Reads are open unless `require_token_for_reads`; then a visitor without a viewer or
 operator session is sent to sign in (or, on a link from another site, which
@@ -15,7 +16,7 @@ from pydantic import ValidationError
 
 from redrive.headers import is_redrive_header
 from redrive.service.auth import Principal
-from redrive.service.filters import FilterError, PendingFilter
+from redrive.service.filters import INT64_MAX, FilterError, PendingFilter
 from redrive.service.web import session
 from redrive.service.web.charts import breakdown, chart
 from redrive.service.web.deps import Ops, PagesDep, Settings, TokenBook
@@ -33,7 +34,10 @@ from redrive.service.web.params import (
 from redrive.service.web.representations import (
     dead_letter_detail,
     dead_letter_summary,
+    order_state,
     pending_view,
+    queue_item,
+    queue_view,
 )
 
 PAGE_SIZE = 50
@@ -124,6 +128,46 @@ def pending(request: Request, who: Reader, pages: PagesDep, ops: Ops) -> Respons
         else None,
         first_url="/pending" + query(destination=destination, group=group),
         suggest=pages.suggestions(),
+    )
+
+
+@router.get("/pending/{pending_id:int}/queue", response_class=HTMLResponse)
+def pending_queue(
+    request: Request, pending_id: int, who: Reader, pages: PagesDep, ops: Ops
+) -> Response:
+    q = request.query_params
+    back = local_url(q.get("back"), "/pending", "/pending")
+    cursor = field(q, "cursor")
+    error, found = None, None
+    try:
+        if 1 <= pending_id <= INT64_MAX:  # a bigserial id; anything else is no row
+            found = ops.pending_queue(pending_id, limit=PAGE_SIZE, cursor=cursor or None)
+    except FilterError as exc:
+        error = explain(exc)
+        found = ops.pending_queue(pending_id, limit=PAGE_SIZE)
+    if found is None or found[0]["order_queue"] is None:
+        text = (
+            f"Pending retry {pending_id} does not exist: it was delivered or cancelled."
+            if found is None
+            else f"Pending retry {pending_id} keeps no key order: it is in no queue."
+        )
+        return pages.error(request, who, 404, "Not found", text, back=back)
+    row, rows, next_cursor = found
+    this_page = f"/pending/{pending_id}/queue"
+    return pages.render(
+        request,
+        "pending_queue.html",
+        who,
+        nav="pending",
+        id=pending_id,
+        this={"order_state": order_state(row)},
+        queue=queue_view(row),
+        rows=[queue_item(r) for r in rows],
+        error=error,
+        back=back,
+        first_page=bool(cursor) and error is None,
+        next_url=this_page + query(back=back, cursor=next_cursor) if next_cursor else None,
+        first_url=this_page + query(back=back),
     )
 
 

@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from redrive.service.actions import ActionRefused
 from redrive.service.filters import DeadLetterFilter, FilterError
+from redrive.service.operations import PendingHeld
 
 FILTER_FIELDS = ("topic", "group", "error_type", "text", "reason", "since", "until")
 FILTER_LABELS = {
@@ -26,11 +27,11 @@ FILTER_LABELS = {
 }
 
 # What an operator action or a filter may refuse with; `explain` says why in a sentence.
-REFUSALS = (ActionRefused, ValidationError, FilterError, ValueError)
+REFUSALS = (ActionRefused, PendingHeld, ValidationError, FilterError, ValueError)
 
 
 def explain(exc: Exception) -> str:
-    if isinstance(exc, ActionRefused):
+    if isinstance(exc, ActionRefused | PendingHeld):
         return exc.detail
     if isinstance(exc, ValidationError):
         parts = []

@@ -118,6 +118,35 @@ def dead_letter_detail(row: Row) -> dict[str, Any]:
     }
 
 
+def order_state(row: Row) -> str | None:
+    """Where a pending retry stands in its key's queue: None (it keeps no order),
+    "head" (next to go, at its due time), "delivered" (out, awaiting its consumer),
+    "behind" (held until the rows before it are done)."""
+    if row.get("order_queue") is None:
+        return None
+    if row["delivered_ms"] is not None:
+        return "delivered"
+    return "behind" if row["held"] else "head"
+
+
+def queue_view(row: Row) -> dict[str, Any] | None:
+    """The key queue of a pending retry: its id (hex), its head's id, how many rows it
+    holds and how many of them wait behind the head; with this row's place (0: the
+    head) when it was counted."""
+    if row.get("order_queue") is None:
+        return None
+    length = int(row["queue_length"])
+    out: dict[str, Any] = {
+        "id": bytes(row["order_queue"]).hex(),
+        "head_id": row["queue_head_id"],
+        "length": length,
+        "behind": max(length - 1, 0),
+    }
+    if "queue_position" in row:
+        out["position"] = row["queue_position"]
+    return out
+
+
 def pending_view(row: Row, *, full: bool) -> dict[str, Any]:
     out: dict[str, Any] = {
         "id": row["id"],
@@ -128,6 +157,9 @@ def pending_view(row: Row, *, full: bool) -> dict[str, Any]:
         "group": row["group_id"],
         "deadline_ms": row["deadline_ms"],
         "received_at": _time(row["received_at"]),
+        "order_state": order_state(row),
+        "delivered_ms": row.get("delivered_ms"),
+        "queue": queue_view(row),
     }
     if full:
         out |= {
@@ -141,6 +173,20 @@ def pending_view(row: Row, *, full: bool) -> dict[str, Any]:
             },
         }
     return out
+
+
+def queue_item(row: Row) -> dict[str, Any]:
+    """A row of a key queue's listing: the pending summary, with the original record's
+    coordinates (the queue's order) and its place in the queue."""
+    return {
+        **pending_view(row, full=False),
+        "position": row.get("queue_position"),
+        "original": {
+            "topic": row["original_topic"],
+            "partition": row["original_partition"],
+            "offset": row["original_offset"],
+        },
+    }
 
 
 def audit_entry(row: Row) -> dict[str, Any]:
