@@ -2,14 +2,28 @@
 
     python tests/chaos/app_process.py --bootstrap HOST:PORT --topic T --strategy S
         --group G --requests-topic R --out EVENTS.jsonl [--policy P] [--transactional]
+        [--instance-id I] [--ordering key]
 
-One handler on topic T with strategy S (blocking, pause, topics, service). A record's
-value ends in `:f<N>`: the handler fails its first N attempts (a retryable error),
-then succeeds. Each call appends one JSON line to the events file: `{"event": "fail"
-| "ok", "value", "attempt", "pid", "at_ms", "due_ms"}`, due_ms being the
-redelivery's `redrive-retry-at` (null on a first delivery and for in-place retries).
-A line is one `write` on a file opened for appending, so it is either wholly there
-or not at all, even after SIGKILL.
+One handler on topic T with strategy S (blocking, pause, topics, service), with
+`ordering="key"` if `--ordering key` is given (strategy service only). What the
+handler does with a record is said by the end of its value:
+
+- `:f<N>`: it fails its first N attempts (a retryable error), then succeeds; with N
+  beyond the policy's retries (e.g. `:f9` under `200ms x3`) it never succeeds, and
+  the record is dead-lettered once its attempts run out;
+- `:x`: it fails fatally on every attempt (an exception listed in `fatal_on`): a dead
+  letter at the first attempt;
+- anything else: it succeeds.
+
+Each call appends one JSON line to the events file: `{"event": "fail" | "ok",
+"value", "attempt", "pid", "at_ms", "due_ms", "key", "seq", "ts_ms", "fatal"}`:
+due_ms is the redelivery's `redrive-retry-at` (null on a first delivery and for
+in-place retries); key is the record key (text, null if none); seq the sequence
+number of a value `<name>:<seq>[:<marker>]` (the first all-digit field after the
+first; null if there is none); ts_ms the original record's timestamp (its
+`redrive-original-timestamp` on a redelivery); fatal whether a failure was the
+fatal one. A line is one `write` on a file opened for appending, so it is either
+wholly there or not at all, even after SIGKILL.
 
 SIGTERM stops the app cleanly (it commits what it dealt with and exits 0).
 """
@@ -30,9 +44,25 @@ class Flaky(Exception):
     """The injected, retryable failure."""
 
 
+class Fatal(Exception):
+    """The injected failure that is never retried (listed in `fatal_on`)."""
+
+
 def failures_of(value: str) -> int:
     head, sep, tail = value.rpartition(":f")
     return int(tail) if sep and head and tail.isdigit() else 0
+
+
+def is_fatal(value: str) -> bool:
+    return value.endswith(":x")
+
+
+def seq_of(value: str) -> int | None:
+    """`k0042:07:f1` -> 7; None for a value without a sequence number (`m-000012:f1`)."""
+    for field in value.split(":")[1:]:
+        if field.isdigit():
+            return int(field)
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,13 +83,18 @@ def main(argv: list[str] | None = None) -> int:
         "--instance-id", default=None, help="static group membership (App(instance_id=...))"
     )
     parser.add_argument("--transactional", action="store_true", help="hand-offs in transactions")
+    parser.add_argument(
+        "--ordering", choices=["key"], default=None, help="ordering of the handler (service)"
+    )
     args = parser.parse_args(argv)
 
     configure("json")
     fd = os.open(args.out, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     pid = os.getpid()
 
-    def record(event: str, message: Message, value: str) -> None:
+    def record(event: str, message: Message, value: str, fatal: bool = False) -> None:
+        retry = message.retry
+        original = retry.original_timestamp if retry is not None else None
         line = json.dumps(
             {
                 "event": event,
@@ -67,13 +102,20 @@ def main(argv: list[str] | None = None) -> int:
                 "attempt": message.attempt,
                 "pid": pid,
                 "at_ms": time.time_ns() // 1_000_000,
-                "due_ms": message.retry.retry_at if message.retry is not None else None,
+                "due_ms": retry.retry_at if retry is not None else None,
+                "key": message.key.decode(errors="replace") if message.key is not None else None,
+                "seq": seq_of(value),
+                "ts_ms": original if original is not None else message.timestamp_ms,
+                "fatal": fatal,
             }
         )
         os.write(fd, (line + "\n").encode())
 
     def handle(message: Message) -> None:
         value = (message.raw_value or b"").decode()
+        if is_fatal(value):
+            record("fail", message, value, fatal=True)
+            raise Fatal(f"injected fatal failure of {value}")
         if message.attempt <= failures_of(value):
             record("fail", message, value)
             raise Flaky(f"injected failure {message.attempt} of {value}")
@@ -90,8 +132,16 @@ def main(argv: list[str] | None = None) -> int:
             "heartbeat.interval.ms": "1000",
         },
     )
-    app.add_handler(args.topic, handle, policy=args.policy, strategy=args.strategy)
-    print(f"app_process: pid {pid}, {args.strategy} on {args.topic}", flush=True)
+    app.add_handler(
+        args.topic,
+        handle,
+        policy=args.policy,
+        strategy=args.strategy,
+        fatal_on=Fatal,
+        ordering=args.ordering,
+    )
+    ordering = f", ordering={args.ordering}" if args.ordering else ""
+    print(f"app_process: pid {pid}, {args.strategy} on {args.topic}{ordering}", flush=True)
     app.run()
     os.close(fd)
     return 0

@@ -164,11 +164,23 @@ def seed_through_kafka(bootstrap: str, service: RetryService, topic: str) -> Non
         }
         for i in range(3)
     ]
+    # Pending 1 to 3: one key's queue (ordering="key"), its head due in an hour and
+    # two records behind it, so that the queue views and the 409 of a held row are
+    # fuzzed too.
     records += [
         {
-            "key": f"p{i}".encode(),
+            "key": b"p",
             "value": b"later",
-            "headers": request_headers(topic, now_ms() + 3_600_000, group="billing"),
+            "headers": request_headers(
+                topic,
+                now_ms() + 3_600_000,
+                group="billing",
+                attempt=1 if i == 0 else 0,
+                original_topic=topic,
+                original_partition=0,
+                original_offset=i,
+                order="key" if i == 0 else "behind",
+            ),
         }
         for i in range(3)
     ]
@@ -320,6 +332,8 @@ UI_PARAMS = [
     ("/", "back"),
     ("/login", "next"),
     ("/dead-letters/1", "back"),
+    ("/pending/1/queue", "cursor"),
+    ("/pending/2/queue", "back"),
 ]
 
 

@@ -1,0 +1,487 @@
+"""Key order through retries under faults (issue 18's acceptance test, ``ordering="key"``).
+
+1,000 keys, each with a sequence of 20 records (seq 0..19, produced in order, in 4
+bursts of 5 over the production time: see `schedule`), on a topic of 4 partitions,
+handled by tests/chaos/app_process.py with strategy ``service``, ``ordering="key"``,
+``transactional=True`` and policy ``200ms x3`` (4 attempts). About 10% of the
+handler's calls fail: chosen from the seed, some records fail once (`:f1`), some two
+or three times (`:f2`, `:f3`), some fatally (`:x`, a dead letter at once) or on
+every attempt (`:f9`, a dead letter once the attempts run out). Mid-run the app is
+SIGKILLed twice (restarted each time, with the same static instance id) and the
+retry service SIGKILLed and restarted once (long mode: 4 and 2). Then, once every
+record is accounted for:
+
+- order: for every key, the first successful handler call of each seq comes after
+  the first successful call of every lower seq (a SIGKILL between handling and
+  commit may repeat calls: at-least-once, so repeats are collapsed to the first),
+  and after the dead-lettering call of every lower seq that became a dead letter
+  (a dead letter leaves a gap, printed);
+- nothing lost: every record is handled successfully or is a dead letter in the
+  service's store, and the dead letters are exactly the `:x` and `:f9` records,
+  each stored once; no retry row is left in the service;
+- keys that never failed are not held up by the others' retries: a record of such
+  a key is handled at most ``QUIET_BOUND_S`` after it was produced when no app
+  outage falls between, and at most the longest app outage (SIGKILL until the
+  restarted app handles again) plus ``OUTAGE_MARGIN_S`` in any case.
+
+It prints one line `[chaos key order] mode=... seed=...: sent S, received R, lost L,
+duplicates D; ...` with the faults, the dead-letter gaps and the delays measured.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from confluent_kafka import Producer
+
+from tests.chaos.harness import (
+    APP_SCRIPT,
+    FAST_GROUP,
+    MODE,
+    AppProcess,
+    Service,
+    Tally,
+    now_ms,
+    report,
+    rng_for,
+    wait_for,
+)
+from tests.integration.service_harness import fresh_database, pending_count, settings_for
+
+pytestmark = [
+    pytest.mark.chaos,
+    pytest.mark.integration,
+    pytest.mark.timeout(MODE.test_timeout_s),
+]
+
+CASE = "key order"
+KEYS = 1000
+SEQS = 20
+PARTITIONS = 4
+POLICY = "200ms x3"
+ATTEMPTS = 4  # the first call and 3 retries
+LONG = MODE.name == "long"
+PRODUCE_S = 90.0 if LONG else 20.0
+"""Production spans this long (see :func:`schedule`)."""
+BURSTS = 4
+FAULTS = ["app", "service", "app", "app", "service", "app"] if LONG else ["app", "service", "app"]
+SETTLE_S = 300.0 if LONG else 150.0
+QUIET_BOUND_S = 3.0
+"""Measured (2 cores): 0.2 to 0.6 s at most, away from the app's outages."""
+OUTAGE_MARGIN_S = 5.0
+"""Measured (2 cores): the longest delay was at most 0.3 s over the longest outage
+(5.0 s for 4.7 s): a record produced just before a SIGKILL waits for the restart."""
+
+
+# ---------------------------------------------------------------------- the records
+
+
+def marker(rng: random.Random) -> str:
+    """What the handler does with a record (see app_process.py): ~6.5% of records fail,
+    which makes ~10% of the handler's calls fail."""
+    roll = rng.random()
+    if roll < 0.035:
+        return ":f1"
+    if roll < 0.050:
+        return rng.choice([":f2", ":f3"])
+    if roll < 0.058:
+        return ":x"
+    if roll < 0.065:
+        return ":f9"
+    return ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    values: dict[tuple[str, int], str]
+    """(key, seq) -> value, e.g. ("k0042", 7) -> "k0042:07:f1"."""
+
+    @property
+    def dead(self) -> set[tuple[str, int]]:
+        """The records that end as dead letters (`:x`, `:f9`)."""
+        return {ks for ks, v in self.values.items() if v.endswith((":x", ":f9"))}
+
+    @property
+    def clean_keys(self) -> set[str]:
+        """The keys none of whose records fails."""
+        failing = {k for (k, _), v in self.values.items() if v.count(":") > 1}
+        return {k for k, _ in self.values} - failing
+
+
+def plan_records(rng: random.Random) -> Plan:
+    values = {}
+    for k in range(KEYS):
+        key = f"k{k:04d}"
+        for seq in range(SEQS):
+            values[(key, seq)] = f"{key}:{seq:02d}{marker(rng)}"
+    return Plan(values)
+
+
+def schedule() -> list[tuple[float, str, range]]:
+    """When each burst of records goes out: (seconds after the start, key, seqs). A
+    key's 20 records go in BURSTS bursts of consecutive seqs, PRODUCE_S / BURSTS apart;
+    the keys' bursts are spread evenly over that interval. Within a burst the records
+    follow each other closely: a failure holds the key while the rest of the burst
+    arrives (they go behind it); between bursts the key is often free again."""
+    size = SEQS // BURSTS
+    slot = PRODUCE_S / BURSTS
+    return sorted(
+        ((burst + k / KEYS) * slot, f"k{k:04d}", range(burst * size, (burst + 1) * size))
+        for k in range(KEYS)
+        for burst in range(BURSTS)
+    )
+
+
+class Bursts(threading.Thread):
+    """Produces the records on :func:`schedule`, from `started` (time.monotonic())."""
+
+    def __init__(self, bootstrap: str, topic: str, plan: Plan) -> None:
+        super().__init__(name="key-order-bursts", daemon=True)
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.plan = plan
+        self.started = time.monotonic()
+        self.error: BaseException | None = None
+        self.acked = 0
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:
+            self.error = exc
+
+    def _run(self) -> None:
+        producer = Producer(
+            {"bootstrap.servers": self.bootstrap, "linger.ms": 5, "enable.idempotence": True}
+        )
+
+        def acked(err: Any, _msg: Any) -> None:
+            if err is None:
+                self.acked += 1
+
+        for at, key, seqs in schedule():
+            while (left := self.started + at - time.monotonic()) > 0:
+                producer.poll(min(left, 0.1))
+            for seq in seqs:
+                value = self.plan.values[(key, seq)]
+                while True:
+                    try:
+                        producer.produce(
+                            self.topic, key=key.encode(), value=value.encode(), on_delivery=acked
+                        )
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+                producer.poll(0)
+        assert producer.flush(120) == 0, "records not acknowledged"
+        producer.close()
+
+    def finish(self, timeout_s: float = 180) -> int:
+        self.join(timeout_s)
+        if self.error is not None:
+            raise self.error
+        assert not self.is_alive(), "production did not end"
+        return self.acked
+
+
+# ---------------------------------------------------------------------- the app
+
+
+@dataclass
+class OrderedApp(AppProcess):
+    """app_process.py with `--ordering key` (the harness's AppProcess has no such flag)."""
+
+    def start(self) -> None:
+        self.runs += 1
+        log = open(self.folder / f"app-{self.strategy}-{self.runs}.log", "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(APP_SCRIPT),
+                "--bootstrap",
+                self.bootstrap,
+                "--topic",
+                self.topic,
+                "--strategy",
+                self.strategy,
+                "--group",
+                self.group,
+                "--requests-topic",
+                self.requests_topic,
+                "--out",
+                str(self.events_file),
+                "--policy",
+                self.policy,
+                "--session-timeout-ms",
+                self.session_timeout_ms,
+                *(["--instance-id", self.instance_id] if self.instance_id else []),
+                *(["--transactional"] if self.transactional else []),
+                "--ordering",
+                "key",
+            ],
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+        self.pids.append(self.proc.pid)
+
+    def held_behind(self) -> int:
+        """Records that went to the retry service behind their key's retry (all runs)."""
+        count = 0
+        for run in range(1, self.runs + 1):
+            path = self.folder / f"app-{self.strategy}-{run}.log"
+            count += path.read_text(errors="replace").count("record waits behind its key's retry")
+        return count
+
+    def assigned(self) -> bool:
+        """The current process was given its partitions (and read their held keys)."""
+        path = self.folder / f"app-{self.strategy}-{self.runs}.log"
+        return '"partitions assigned"' in path.read_text(errors="replace")
+
+
+def dead_letters_of(database_url: str) -> Counter[tuple[str, int]]:
+    """(key, seq) -> how many dead letters the service's store holds for it."""
+    with psycopg.connect(database_url) as conn:
+        rows = conn.execute("SELECT msg_value FROM redrive_dead_letters").fetchall()
+    found: Counter[tuple[str, int]] = Counter()
+    for (value,) in rows:
+        key, seq = bytes(value).decode().split(":")[:2]
+        found[(key, int(seq))] += 1
+    return found
+
+
+# ---------------------------------------------------------------------- the checks
+
+
+@dataclass
+class Outcome:
+    ok: dict[tuple[str, int], int]
+    """(key, seq) -> the index (in the events file, i.e. call order) of its first success."""
+    ok_calls: Counter[tuple[str, int]]
+    first_ok_at: dict[tuple[str, int], int]
+    ts: dict[tuple[str, int], int]
+    dead_at: dict[tuple[str, int], int]
+    """(key, seq) -> the index of its first dead-lettering call (fatal, or the last attempt)."""
+    calls: int
+    failed_calls: int
+    back_ms: dict[int, int]
+    """pid -> when that app process first called the handler."""
+
+
+def read_outcome(events: list[dict[str, Any]]) -> Outcome:
+    ok: dict[tuple[str, int], int] = {}
+    ok_calls: Counter[tuple[str, int]] = Counter()
+    first_ok_at: dict[tuple[str, int], int] = {}
+    ts: dict[tuple[str, int], int] = {}
+    dead_at: dict[tuple[str, int], int] = {}
+    back_ms: dict[int, int] = {}
+    failed = 0
+    for index, event in enumerate(events):
+        back_ms.setdefault(event["pid"], event["at_ms"])
+        if event.get("seq") is None:
+            continue
+        ks = (event["key"], event["seq"])
+        if event["event"] == "ok":
+            ok_calls[ks] += 1
+            if ks not in ok:
+                ok[ks] = index
+                first_ok_at[ks] = event["at_ms"]
+                ts[ks] = event["ts_ms"]
+        else:
+            failed += 1
+            if event.get("fatal") or event["attempt"] >= ATTEMPTS:
+                dead_at.setdefault(ks, index)
+    return Outcome(ok, ok_calls, first_ok_at, ts, dead_at, len(events), failed, back_ms)
+
+
+def order_violations(plan: Plan, outcome: Outcome) -> list[str]:
+    """Keys whose successful calls are out of order, or overtook a lower seq's dead letter."""
+    problems = []
+    by_key: dict[str, list[int]] = defaultdict(list)
+    for key, seq in plan.values:
+        by_key[key].append(seq)
+    for key, seqs in sorted(by_key.items()):
+        before = -1  # the call index every later seq's first success must come after
+        before_seq = None
+        for seq in sorted(seqs):
+            ks = (key, seq)
+            if ks in outcome.ok:
+                if outcome.ok[ks] < before:
+                    problems.append(f"{key}:{seq:02d} handled before {key}:{before_seq:02d}")
+                before, before_seq = max(before, outcome.ok[ks]), seq
+            elif ks in outcome.dead_at:
+                if outcome.dead_at[ks] < before:
+                    problems.append(f"{key}:{seq:02d} dead-lettered before {key}:{before_seq:02d}")
+                before, before_seq = max(before, outcome.dead_at[ks]), seq
+    return problems
+
+
+def clean_delays(
+    plan: Plan, outcome: Outcome, outages: list[tuple[int, int]]
+) -> tuple[float, float, int]:
+    """Production to first success of the records of keys that never failed: the
+    longest (s), the longest of those no app outage touched (s), how many records."""
+    worst = quiet = 0.0
+    count = 0
+    for key in plan.clean_keys:
+        for seq in range(SEQS):
+            ks = (key, seq)
+            if ks not in outcome.ok:
+                continue
+            count += 1
+            start, end = outcome.ts[ks], outcome.first_ok_at[ks]
+            delay = (end - start) / 1000
+            worst = max(worst, delay)
+            if not any(start <= back and end >= down for down, back in outages):
+                quiet = max(quiet, delay)
+    return worst, quiet, count
+
+
+def in_flight(events: list[dict[str, Any]], plan: Plan) -> int:
+    """Records that failed, will succeed, and have not yet: retries under way."""
+    failed: set[str] = set()
+    done: set[str] = set()
+    for event in events:
+        (done if event["event"] == "ok" else failed).add(event["value"])
+    dead = {plan.values[ks] for ks in plan.dead}
+    return len(failed - done - dead)
+
+
+# ---------------------------------------------------------------------- the test
+
+
+def test_key_order_holds_through_retries_app_kills_and_a_service_restart(
+    bootstrap: str, database_url: str, new_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    rng = rng_for(CASE)
+    plan = plan_records(rng_for(CASE + "/records"))
+    topic = new_topic("chaos-order", partitions=PARTITIONS)
+    db = fresh_database(database_url)
+    settings = settings_for(
+        bootstrap, db, allowed_destinations=[topic], lease_seconds=2, kafka=FAST_GROUP
+    )
+    service = Service(settings, tmp_path)
+    service.start()
+    app = OrderedApp(
+        bootstrap,
+        topic,
+        "service",
+        f"chaos-order-{uuid.uuid4().hex[:8]}",
+        settings.requests_topic,
+        tmp_path,
+        policy=POLICY,
+        instance_id="order-0",
+        transactional=True,
+    )
+    app.start()
+    # Produced from the start, the first records would wait for the app's start-up.
+    assert wait_for(app.assigned, 60, 0.2), app.log_tail()
+    slice_s = PRODUCE_S / len(FAULTS)  # every fault while records are still produced
+    at = [i * slice_s + rng.uniform(0.3, 0.7) * slice_s for i in range(len(FAULTS))]
+    downs = [rng.uniform(0.5, 2.5) for _ in FAULTS]
+    faults: list[str] = []
+    killed_pids: list[tuple[int, int]] = []  # (killed at ms, the restarted process's pid)
+    app_outages: list[tuple[int, int]] = []  # (killed at, the restart's first call) ms
+    bursts = Bursts(bootstrap, topic, plan)
+    bursts.started = time.monotonic()
+    bursts.start()
+    started = bursts.started
+    try:
+        for kind, when, down in zip(FAULTS, at, downs, strict=True):
+            while (left := started + when - time.monotonic()) > 0:
+                time.sleep(min(left, 0.2))
+            in_retry = in_flight(app.events(), plan)
+            if kind == "app":
+                app.kill()
+                killed = now_ms()
+                time.sleep(down)
+                app.start()
+                assert app.proc is not None
+                killed_pids.append((killed, app.proc.pid))
+            else:
+                service.kill()
+                time.sleep(down)
+                service.start()
+            faults.append(f"{kind} killed at {when:.1f}s ({in_retry} in retry), down {down:.1f}s")
+        acked = bursts.finish()
+        total = len(plan.values)
+        assert acked == total, f"only {acked} of {total} records acknowledged"
+
+        def accounted() -> bool:
+            events = app.events()
+            done = {(e["key"], e["seq"]) for e in events if e["event"] == "ok"}
+            return done | set(dead_letters_of(db)) >= plan.values.keys()
+
+        wait_for(accounted, SETTLE_S, 1.0)
+        drained = wait_for(lambda: pending_count(db) == 0, 60, 1.0)
+        back = wait_for(app.assigned, 60, 0.5)  # the last restart, too, is up (and idle)
+        alive = app.alive()
+        ready = service.ready(60)
+        elapsed = time.monotonic() - started
+    finally:
+        bursts.join(1)
+        app_code = app.terminate()
+        service_code = service.terminate()
+    events = app.events()
+    behind = app.held_behind()
+    outcome = read_outcome(events)
+    for killed, pid in killed_pids:
+        app_outages.append((killed, outcome.back_ms.get(pid, now_ms())))
+    longest_outage = max(((b - k) / 1000 for k, b in app_outages), default=0.0)
+    dead = dead_letters_of(db)
+    missing = sorted(plan.values.keys() - outcome.ok.keys() - dead.keys())
+    unexpected_dead = sorted(dead.keys() - plan.dead)
+    dead_twice = sorted(ks for ks, n in dead.items() if n > 1)
+    handled_dead = sorted(outcome.ok.keys() & plan.dead)
+    violations = order_violations(plan, outcome)
+    worst, quiet, clean_records = clean_delays(plan, outcome, app_outages)
+    received = sum(outcome.ok_calls.values()) + sum(dead.values())
+    duplicates = sum(n - 1 for n in outcome.ok_calls.values())
+    result = Tally(total, received, len(missing), duplicates, [repr(m).encode() for m in missing])
+    gaps = sorted(dead)
+    report(
+        CASE,
+        result,
+        "; ".join(faults) + f"; {outcome.failed_calls} of {outcome.calls} handler calls failed "
+        f"({outcome.failed_calls / max(outcome.calls, 1):.1%}); "
+        f"{behind} records sent behind their key's retry; "
+        f"{len(gaps)} dead-letter gaps in {len({k for k, _ in gaps})} keys; "
+        f"order violations {len(violations)}; "
+        f"clean keys {len(plan.clean_keys)} ({clean_records} records): "
+        f"max delay {worst:.2f}s (bound {longest_outage + OUTAGE_MARGIN_S:.1f}s = longest "
+        f"app outage {longest_outage:.1f}s + {OUTAGE_MARGIN_S:.0f}s), "
+        f"max delay away from app outages {quiet:.2f}s (bound {QUIET_BOUND_S:.0f}s)",
+        elapsed,
+    )
+    print(f"[chaos {CASE}] dead-letter gaps (first 10): {gaps[:10]}", flush=True)
+    if violations:
+        print(f"[chaos {CASE}] order violations (first 10): {violations[:10]}", flush=True)
+    assert not missing, f"{len(missing)} records neither handled nor dead-lettered: {missing[:10]}"
+    assert not violations, f"{len(violations)} order violations: {violations[:10]}"
+    assert behind > 0, "no record waited behind its key's retry: ordering was not exercised"
+    assert not unexpected_dead, f"records dead-lettered that should not be: {unexpected_dead[:10]}"
+    assert dead.keys() == plan.dead, "a record that should be a dead letter is not"
+    assert not dead_twice, f"dead letters stored twice: {dead_twice[:10]}"
+    assert not handled_dead, f"records that always fail were handled: {handled_dead[:10]}"
+    assert drained, f"{pending_count(db)} rows left in the service's store"
+    assert app.early() == 0, "a retry was handled before it was due"
+    assert quiet <= QUIET_BOUND_S, f"a clean key's record waited {quiet:.2f}s"
+    assert worst <= longest_outage + OUTAGE_MARGIN_S, f"a clean key's record waited {worst:.2f}s"
+    assert back and alive, f"the app died\n{app.log_tail()}"
+    assert ready, "/readyz did not answer 200 after the service's restart"
+    assert app_code == 0, app.log_tail()
+    assert service_code == 0
