@@ -1,7 +1,8 @@
 """Helpers for the fault tests: the mode (short or long), the records of a steady load
 (the load itself, with a counter of every message the broker acknowledged, is
 service_harness.Load), the retry service and consumer apps as real processes that can
-be SIGKILLed, and the report each test prints.
+be SIGKILLed, the hand-offs and deliveries in a topic counted by `redrive-id` (read
+committed), and the report each test prints.
 
 `REDRIVE_CHAOS=long` selects the long mode (bigger load, more kills, longer outages);
 anything else the short one. `REDRIVE_CHAOS_SEED` overrides the seed of the injected
@@ -26,6 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from redrive import headers as h
 from redrive.service.config import ServiceSettings
 from tests.integration.service_harness import ChildProcess, Record, ServiceProcess
 
@@ -298,12 +303,141 @@ class AppProcess(ChildProcess):
             (done if event["event"] == "ok" else failed).add(event["value"])
         return failed - done
 
+    def repeated_calls(self, values: Iterable[bytes] | None = None) -> int:
+        """Handler calls of a record at an attempt it was called at before: the same
+        record handled again (after a crash, from the committed offset) or a repeat
+        delivery of its retry that reached the handler (`values`: only those)."""
+        wanted = None if values is None else {v.decode() for v in values}
+        calls = Counter(
+            (e["value"], e["attempt"])
+            for e in self.events()
+            if wanted is None or e["value"] in wanted
+        )
+        return sum(n - 1 for n in calls.values() if n > 1)
+
+    def logged(self, text: str) -> int:
+        """Lines of every run's log that say `text` (e.g. "repeat delivery skipped")."""
+        count = 0
+        for run in range(1, self.runs + 1):
+            path = self.folder / f"app-{self.strategy}-{run}.log"
+            try:
+                count += sum(text in line for line in path.read_text(errors="replace").splitlines())
+            except OSError:
+                continue
+        return count
+
     def log_tail(self, lines: int = 40) -> str:
         path = self.folder / f"app-{self.strategy}-{self.runs}.log"
         try:
             return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no log)"
+
+
+# ---------------------------------------------------------------------- hand-offs
+
+
+@dataclass(frozen=True)
+class Request:
+    """A record with a `redrive-id` (a retry request, a tier record, or the service's
+    delivery of one): its id and the failure it names."""
+
+    id: str
+    group: str | None
+    origin: tuple[str | None, int | None, int | None]  # original topic, partition, offset
+    attempt: int | None
+    partition: int
+    offset: int
+
+
+def _int(value: bytes | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def committed_requests(
+    bootstrap: str, topics: Iterable[str], timeout_s: float = 60
+) -> list[Request]:
+    """Every record with a `redrive-id` in `topics`, from the beginning to the end of
+    each partition, reading committed records only (`isolation.level=read_committed`,
+    as the retry service's intake and the App's tier consumer read: a hand-off of an
+    aborted or open transaction is not counted). Call it once the writers stopped."""
+    names = sorted(set(topics))
+    if not names:
+        return []
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"chaos-count-{time.time_ns()}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "fetch.wait.max.ms": 10,
+        }
+    )
+    found: list[Request] = []
+    try:
+        metadata = consumer.list_topics(timeout=30)
+        wanted = [
+            TopicPartition(name, partition, OFFSET_BEGINNING)
+            for name in names
+            for partition in metadata.topics[name].partitions
+        ]
+        consumer.assign(wanted)
+        pending = {(tp.topic, tp.partition) for tp in wanted}
+        deadline = time.monotonic() + timeout_s
+        while pending and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            error = msg.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    pending.discard((msg.topic(), msg.partition()))
+                continue
+            fields, _ = h.split_headers(msg.headers())
+            request_id = fields.get(h.ID)
+            if request_id is None:
+                continue  # a dead letter, a record of the load itself
+            group = fields.get(h.GROUP)
+            topic = fields.get(h.ORIGINAL_TOPIC)
+            found.append(
+                Request(
+                    request_id.decode(),
+                    group.decode() if group is not None else None,
+                    (
+                        topic.decode() if topic is not None else None,
+                        _int(fields.get(h.ORIGINAL_PARTITION)),
+                        _int(fields.get(h.ORIGINAL_OFFSET)),
+                    ),
+                    _int(fields.get(h.ATTEMPT)),
+                    msg.partition(),
+                    msg.offset(),
+                )
+            )
+        assert not pending, f"partitions not read to their end in {timeout_s:.0f}s: {pending}"
+    finally:
+        consumer.close()
+    return found
+
+
+def tier_topics(bootstrap: str, group: str, topic: str) -> list[str]:
+    """The `topics` strategy's tier topics of `group` on `topic` (`<group>.<topic>.retry.*`)."""
+    names = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=30).topics
+    return sorted(n for n in names if n.startswith(f"{group}.{topic}.retry."))
+
+
+def duplicates_of(requests: Iterable[Request]) -> Counter[str]:
+    """The ids found more than once, and how many times each (read committed)."""
+    counts = Counter(r.id for r in requests)
+    return Counter({i: n for i, n in counts.items() if n > 1})
+
+
+def extra(counts: Counter[str]) -> int:
+    """How many records are repeats of an earlier one (a count of 3 is 2 extra)."""
+    return sum(n - 1 for n in counts.values())
 
 
 # ---------------------------------------------------------------------- report
@@ -326,11 +460,16 @@ def tally(sent: Iterable[bytes], received: Counter[bytes]) -> Tally:
     return Tally(len(sent_set), total, len(missing), duplicates, missing)
 
 
-def report(case: str, result: Tally, faults: str, elapsed_s: float) -> None:
+def report(
+    case: str, result: Tally, faults: str, elapsed_s: float, counts: str | None = None
+) -> None:
+    """The test's one line; `counts` (optional) adds what else it counted after the
+    duplicates (hand-offs, handler calls)."""
+    more = f"; {counts}" if counts else ""
     print(
         f"\n[chaos {case}] mode={MODE.name} seed={SEED}: sent {result.sent}, "
-        f"received {result.received}, lost {result.lost}, duplicates {result.duplicates}; "
-        f"{faults}; {elapsed_s:.0f}s",
+        f"received {result.received}, lost {result.lost}, duplicates {result.duplicates}"
+        f"{more}; {faults}; {elapsed_s:.0f}s",
         flush=True,
     )
     if result.missing:

@@ -80,9 +80,7 @@ def test_later_records_of_a_key_wait_behind_its_retry(
             assert order.index((b"b2", 1)) < order.index((b"a1", 2))
             assert outcome_count(app, topic, "held_behind") == 2
         # Once a is free, a new record of it goes straight to the handler.
-        with running_app(
-            _app(bootstrap, topic, service.settings.requests_topic, handler)
-        ) as again:
+        with running_app(_app(bootstrap, topic, service.settings.requests_topic, handler)) as again:
             produce(bootstrap, topic, _records(b"a", [b"a4"]))
             assert wait_for(lambda: (b"a4", 1) in succeeded, 20)
             assert outcome_count(again, topic, "held_behind") == 0
@@ -156,8 +154,7 @@ def test_the_docs_example_applies_each_orders_statuses_in_order(
             {
                 '"localhost:9092"': repr(bootstrap),
                 'group="shipping")': (
-                    f"group={'g-' + topic!r}, "
-                    f"requests_topic={service.settings.requests_topic!r})"
+                    f"group={'g-' + topic!r}, requests_topic={service.settings.requests_topic!r})"
                 ),
                 '"order-status"': repr(topic),
             },

@@ -32,3 +32,22 @@ def test_an_empty_window_remembers_nothing() -> None:
 def test_a_bad_window_is_refused(size: object) -> None:
     with pytest.raises(ConfigError, match="repeat_window"):
         App("localhost:1", group="g", repeat_window=size)  # type: ignore[arg-type]
+
+
+def test_a_handed_off_failure_counts_once_its_transaction_commits() -> None:
+    window = RecentIds(10)
+    window.stage("retried", done=False)
+    window.stage("dead", done=True)
+    assert "retried" not in window  # not before the commit: an abort would lose it
+    window.abort()
+    window.commit()
+    assert "retried" not in window and "dead" not in window
+    window.stage("retried", done=False)
+    window.stage("dead", done=True)
+    window.add("handled")
+    window.commit()
+    assert all(name in window for name in ("retried", "dead", "handled"))
+    # A repeat of a record that left its key's queue releases it again; one that went
+    # on to its next retry does not (it still heads its queue).
+    assert window.left_queue("dead") and window.left_queue("handled")
+    assert not window.left_queue("retried") and not window.left_queue("unknown")

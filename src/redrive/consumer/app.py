@@ -364,6 +364,7 @@ class App:
             ),
             RecentIds(self.repeat_window),
             self._held,
+            self.transactional,
         )
         self._offsets = OffsetTracker()
         self._pauses = PauseBook(consumer)
@@ -518,8 +519,10 @@ class App:
         try:
             self._transactions.commit(offsets)
         except Aborted:
+            self._records.repeats.abort()  # those hand-offs are gone: not repeats
             self._rewind()
             return
+        self._records.repeats.commit()
         self._offsets.committed(offsets)
 
     def _rewind(self) -> None:

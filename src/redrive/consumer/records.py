@@ -78,6 +78,7 @@ class Records:
         breakers: Breakers | None = None,
         repeats: RecentIds | None = None,
         held: HeldKeys | None = None,
+        transactional: bool = False,
     ) -> None:
         self.group = group
         self.reads = reads
@@ -96,6 +97,8 @@ class Records:
         self.circuits = self.breakers.by_topic
         self.repeats = repeats if repeats is not None else RecentIds()
         """The ids of redelivered records handled lately (:mod:`redrive.consumer.repeats`)."""
+        self.transactional = transactional
+        """Hand-offs count once the App's transaction commits (ids staged till then)."""
         self.held = held if held is not None else HeldKeys(publisher, {})
         """The keys of ordered routes waiting in the retry service (``ordering="key"``)."""
 
@@ -228,6 +231,17 @@ class Records:
         if message.retry is not None and message.retry.id is not None:
             self.repeats.add(message.retry.id)
 
+    def remember_handed_off(self, delivery: RetryHeaders | None, done: bool) -> None:
+        """A redelivered record's failure was handed off (``done``: as a dead letter,
+        else as its next retry): a later delivery of it is a repeat, which would
+        fail again and hand the same off twice. Once committed, with transactions."""
+        if delivery is None or delivery.id is None:
+            return
+        if self.transactional:
+            self.repeats.stage(delivery.id, done)
+        else:
+            self.repeats.add(delivery.id, done)
+
     def prepare(
         self,
         route: Route,
@@ -260,7 +274,8 @@ class Records:
                 offset=offset,
                 redrive_id=delivery.id,
             )
-            if delivery.order is not None:  # released again: the first release may be lost
+            # Released again if it left its queue: the first release may be lost.
+            if delivery.order is not None and self.repeats.left_queue(delivery.id):
                 self._release(delivery, record.key())
             return None
         if delivery is not None and kind != "source":  # a tier record may not be due yet
@@ -381,6 +396,7 @@ class Records:
         if isinstance(outcome, DeadLettered):
             self.in_place.pop(tp, None)
             self._dead_letter(route, failure, outcome, message, error)
+            self.remember_handed_off(message.retry, done=True)
             if message.retry is not None and message.retry.order is not None:
                 self._release(message.retry, message.key)
             return None if circuit is None else circuit.failed(outcome, None)
@@ -413,6 +429,7 @@ class Records:
             )
             if ordered:
                 self._hold(request, failure.key)
+            self.remember_handed_off(failure.delivery, done=False)
         wait = route.plan.wait(outcome.decision)
         self.metrics.records.labels(route.topic, "retried").inc()
         self._hook(self.on_retry, message, outcome.decision, error)
@@ -443,6 +460,7 @@ class Records:
             failure, error, problem, dead_letters=dead_letters, home=route.topic
         )
         self._dead_letter(route, failure, outcome, message, error)
+        self.remember_handed_off(failure.delivery, done=True)
         if failure.delivery is not None and failure.delivery.order is not None:
             self._release(failure.delivery, failure.key)
 

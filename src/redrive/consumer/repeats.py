@@ -8,11 +8,15 @@ its bookkeeping), or the failure was handed off twice. The App skips it, counted
 ``redrive_consumer_records_total{outcome="repeat_skipped"}``, instead of handling it
 again.
 
-Invariant: the ids of the last ``size`` redelivered records handled by this App
-instance are kept, and no others; a repeat older than that, or arriving at another
+Invariant: the ids of the last ``size`` redelivered records this App instance dealt
+with are kept, and no others; a repeat older than that, or arriving at another
 instance or after a restart, is handled again (at least once, as without the window).
-Only handled records are remembered: a delivery that failed was not dealt with by its
-handler, and its next delivery is a new request with its own id anyway.
+A record is dealt with once handled, or once its failure is handed off (its next
+retry, or its dead letter) and that hand-off is committed: a repeat of a delivery
+that failed would otherwise fail again and hand the same next retry off twice. With
+``transactional=True`` such ids count from the commit of their transaction
+(:meth:`RecentIds.stage`, :meth:`RecentIds.commit`): a repeat skipped after an
+aborted hand-off would lose it.
 """
 
 from __future__ import annotations
@@ -24,7 +28,10 @@ DEFAULT_REPEAT_WINDOW = 100_000
 class RecentIds:
     def __init__(self, size: int = DEFAULT_REPEAT_WINDOW) -> None:
         self.size = size
-        self._ids: dict[str, None] = {}  # insertion order: the oldest first
+        # id -> whether its record left its key's queue (handled or a dead letter: a
+        # repeat releases the queue again) or went on to its next retry (it stays).
+        self._ids: dict[str, bool] = {}  # insertion order: the oldest first
+        self._staged: list[tuple[str, bool]] = []
 
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._ids
@@ -32,10 +39,28 @@ class RecentIds:
     def __len__(self) -> int:
         return len(self._ids)
 
-    def add(self, request_id: str) -> None:
+    def left_queue(self, request_id: str) -> bool:
+        """Whether the record of a remembered id is done with (not retried)."""
+        return self._ids.get(request_id, False)
+
+    def add(self, request_id: str, done: bool = True) -> None:
         ids = self._ids
         if request_id in ids or self.size <= 0:
             return
-        ids[request_id] = None
+        ids[request_id] = done
         if len(ids) > self.size:
             del ids[next(iter(ids))]  # the oldest goes
+
+    def stage(self, request_id: str, done: bool) -> None:
+        """A delivery's failure was handed off in the open transaction: remembered
+        once it commits (:meth:`commit`), forgotten if it aborts (:meth:`abort`)."""
+        if self.size > 0:
+            self._staged.append((request_id, done))
+
+    def commit(self) -> None:
+        for request_id, done in self._staged:
+            self.add(request_id, done)
+        self._staged.clear()
+
+    def abort(self) -> None:
+        self._staged.clear()
