@@ -232,6 +232,7 @@ class AppProcess(ChildProcess):
     session_timeout_ms: str = FAST_GROUP["session.timeout.ms"]
     instance_id: str | None = None
     transactional: bool = False
+    ordering: str | None = None
     runs: int = 0
     proc: subprocess.Popen[bytes] | None = None
     pids: list[int] = field(default_factory=list)
@@ -266,6 +267,7 @@ class AppProcess(ChildProcess):
                 self.session_timeout_ms,
                 *(["--instance-id", self.instance_id] if self.instance_id else []),
                 *(["--transactional"] if self.transactional else []),
+                *(["--ordering", self.ordering] if self.ordering else []),
             ],
             env=env,
             stdout=log,

@@ -30,10 +30,7 @@ duplicates D; ...` with the faults, the dead-letter gaps and the delays measured
 
 from __future__ import annotations
 
-import os
 import random
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -48,7 +45,6 @@ import pytest
 from confluent_kafka import Producer
 
 from tests.chaos.harness import (
-    APP_SCRIPT,
     FAST_GROUP,
     MODE,
     AppProcess,
@@ -202,42 +198,7 @@ class Bursts(threading.Thread):
 
 @dataclass
 class OrderedApp(AppProcess):
-    """app_process.py with `--ordering key` (the harness's AppProcess has no such flag)."""
-
-    def start(self) -> None:
-        self.runs += 1
-        log = open(self.folder / f"app-{self.strategy}-{self.runs}.log", "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                str(APP_SCRIPT),
-                "--bootstrap",
-                self.bootstrap,
-                "--topic",
-                self.topic,
-                "--strategy",
-                self.strategy,
-                "--group",
-                self.group,
-                "--requests-topic",
-                self.requests_topic,
-                "--out",
-                str(self.events_file),
-                "--policy",
-                self.policy,
-                "--session-timeout-ms",
-                self.session_timeout_ms,
-                *(["--instance-id", self.instance_id] if self.instance_id else []),
-                *(["--transactional"] if self.transactional else []),
-                "--ordering",
-                "key",
-            ],
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        log.close()
-        self.pids.append(self.proc.pid)
+    """app_process.py with `--ordering key`, and what its logs tell."""
 
     def held_behind(self) -> int:
         """Records that went to the retry service behind their key's retry (all runs)."""
@@ -386,6 +347,7 @@ def test_key_order_holds_through_retries_app_kills_and_a_service_restart(
         policy=POLICY,
         instance_id="order-0",
         transactional=True,
+        ordering="key",
     )
     app.start()
     # Produced from the start, the first records would wait for the app's start-up.
