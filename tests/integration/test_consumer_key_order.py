@@ -5,8 +5,10 @@ keys survive a restart of the App; a dead letter at the head lets the rest go.""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -44,19 +46,26 @@ def _handled(calls: Calls, key: bytes, ok: set[tuple[bytes, int]]) -> list[bytes
         return [c.value for c in calls.items if c.key == key and (c.value, c.attempt) in ok]
 
 
+@pytest.mark.parametrize("kind", ["def", "async def"])
 def test_later_records_of_a_key_wait_behind_its_retry(
-    bootstrap: str, database_url: str, new_topic: Callable[..., str]
+    kind: str, bootstrap: str, database_url: str, new_topic: Callable[..., str]
 ) -> None:
     topic = new_topic("key-order")
     calls = Calls()
     succeeded: set[tuple[bytes, int]] = set()
 
-    def handler(message: Message) -> None:
+    def plain(message: Message) -> None:
         calls.add(message)
         if message.raw_value == b"a1" and message.attempt < 3:
             raise Flaky("a1 fails twice")
         assert message.raw_value is not None
         succeeded.add((message.raw_value, message.attempt))
+
+    async def awaited(message: Message) -> None:
+        await asyncio.sleep(0.01)  # records of other keys run meanwhile
+        plain(message)
+
+    handler = plain if kind == "def" else awaited
 
     with retry_service(bootstrap, database_url, allowed_destinations=[topic]) as service:
         app = App(bootstrap, group=f"g-{topic}", requests_topic=service.settings.requests_topic)
@@ -86,7 +95,7 @@ def test_later_records_of_a_key_wait_behind_its_retry(
             assert outcome_count(again, topic, "held_behind") == 0
 
 
-def _app(bootstrap: str, topic: str, requests_topic: str, handler: Callable[..., None]) -> App:
+def _app(bootstrap: str, topic: str, requests_topic: str, handler: Callable[..., Any]) -> App:
     app = App(bootstrap, group=f"g-{topic}", requests_topic=requests_topic)
     app.add_handler(topic, handler, strategy="service", policy="1s x3", ordering="key")
     return app
@@ -136,12 +145,8 @@ def test_ordering_needs_the_retry_service(bootstrap: str) -> None:
         app.add_handler("t", lambda m: None, strategy="topics", ordering="key")
     with pytest.raises(ConfigError, match="per_group_topic"):
         app.add_handler("t", lambda m: None, per_group_topic=True, ordering="key")
-
-    async def handler(message: Message) -> None:
-        return None
-
-    with pytest.raises(ConfigError, match="async"):
-        app.add_handler("t", handler, ordering="key")
+    with pytest.raises(ConfigError, match="batch handlers"):
+        app.add_batch_handler("t", lambda batch: None, ordering="key")
 
 
 def test_the_docs_example_applies_each_orders_statuses_in_order(

@@ -255,9 +255,14 @@ class AsyncRecords:
         try:
             while current is not None:
                 message = current.message
-                if message is not None and not records.circuits and not records.in_place:
+                if (
+                    message is not None
+                    and not records.circuits
+                    and not records.in_place
+                    and current.route.ordering is None
+                ):
                     # The usual record, inline (the success path is the hot path): read
-                    # already, and no breaker or retry in place to consult.
+                    # already, and no breaker, retry in place or key order to consult.
                     try:
                         await current.route.handler(message)
                     except Exception as exc:  # noqa: BLE001 - what _one handles
@@ -302,6 +307,11 @@ class AsyncRecords:
             if held is not None:  # the breaker is open: the record waits, unstarted
                 self._wait(tp, offset, held)
                 return False
+            # Its key may have become held while it waited in its lane (an earlier
+            # record of the key failed): then it goes behind, unstarted.
+            if route.ordering is not None and records.goes_behind(route, message):
+                self._done(tp, offset)
+                return True
             state = records.state_of(item.topic, item.partition, offset)
         except Exception as exc:  # noqa: BLE001 - redrive's own failure on this record
             return self._unprocessable(item, exc)

@@ -108,14 +108,8 @@ class Records:
         message = self.prepare(route, kind, record, topic, partition, offset)
         if not isinstance(message, Message):
             return message  # dealt with before its handler (a dead letter), or waiting
-        if (
-            route.ordering is not None
-            and message.retry is None
-            and message.key is not None
-            and self.held.last(topic, partition, message.key) is not None
-        ):
-            self._behind(route, message)  # its key waits for a retry: so does it
-            return None
+        if route.ordering is not None and self.goes_behind(route, message):
+            return None  # its key waits for a retry: so does it
         state = self.in_place.get((topic, partition)) if self.in_place else None
         if state is not None and state.offset != offset:
             state = None
@@ -134,9 +128,7 @@ class Records:
         handled = self.handled
         handled[route.topic] = handled.get(route.topic, 0) + 1
         if message.retry is not None:
-            self.remember(message)
-            if message.retry.order is not None:
-                self._release(message.retry, message.key)
+            self.delivery_done(message)
         if state is not None:
             del self.in_place[(topic, partition)]
         if circuit is not None:
@@ -159,15 +151,33 @@ class Records:
         """A record's handler ended well outside :meth:`process` (an async handler):
         counted, its in-place retry (if any) over, its breaker told."""
         self.handled[route.topic] = self.handled.get(route.topic, 0) + 1
-        if message.retry is not None:
-            self.remember(message)
-            if message.retry.order is not None:
-                self._release(message.retry, message.key)
+        self.delivery_done(message)
         if state is not None:
             self.in_place.pop((message.topic, message.partition), None)
         circuit = self.circuits.get(route.topic) if self.circuits else None
         if circuit is not None:
             circuit.succeeded()
+
+    def goes_behind(self, route: Route, message: Message) -> bool:
+        """A record of a held key of an ordered route goes behind the record its key
+        waits for (True), instead of reaching its handler."""
+        if (
+            route.ordering is not None
+            and message.retry is None
+            and message.key is not None
+            and self.held.last(message.topic, message.partition, message.key) is not None
+        ):
+            self._behind(route, message)
+            return True
+        return False
+
+    def delivery_done(self, message: Message) -> None:
+        """A redelivered record was handled: remembered, and its key's queue released."""
+        retry = message.retry
+        if retry is not None:
+            self.remember(message)
+            if retry.order is not None:
+                self._release(retry, message.key)
 
     def _behind(self, route: Route, message: Message) -> None:
         """A record of a held key: to the retry service, behind the record it waits for

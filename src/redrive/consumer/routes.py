@@ -195,7 +195,7 @@ def build_route(
     if breaker is None and plan is not None:
         breaker = plan.default_breaker
     ordering = options.get("ordering")
-    _check_ordering(topic, ordering, strategy, per_group_topic, fn)
+    _check_ordering(topic, ordering, strategy, per_group_topic)
     return Route(
         topic,
         fn,
@@ -211,9 +211,7 @@ def build_route(
     )
 
 
-def _check_ordering(
-    topic: str, ordering: object, strategy: str, per_group_topic: bool, fn: Callable[..., Any]
-) -> None:
+def _check_ordering(topic: str, ordering: object, strategy: str, per_group_topic: bool) -> None:
     """``ordering="key"`` needs the retry service to keep each key's queue, and the
     retries back on the partition the held keys of which the App keeps."""
     setting = f"ordering for {topic!r}"
@@ -233,12 +231,6 @@ def _check_ordering(
             setting,
             "key order needs the retries delivered back to their own partition",
             "drop per_group_topic=True",
-        )
-    if is_async_callable(fn):
-        raise ConfigError(
-            setting,
-            "async handlers do not keep key order through retries yet",
-            "use a plain def handler",
         )
 
 
