@@ -11,7 +11,8 @@ class ConsumerMetrics:
         self.records = Counter(
             "redrive_consumer_records",
             "Records dealt with, by outcome: handled, retried, dead_lettered, "
-            "repeat_skipped (a redelivery handled already).",
+            "repeat_skipped (a redelivery handled already), held_behind (sent behind "
+            "its key's retry, ordering='key').",
             ["topic", "outcome"],
             registry=self.registry,
         )

@@ -108,6 +108,7 @@ class Records:
         message = self.prepare(route, kind, record, topic, partition, offset)
         if not isinstance(message, Message):
             return message  # dealt with before its handler (a dead letter), or waiting
+        # (Checked here first: most routes keep no order, and the call would cost.)
         if route.ordering is not None and self.goes_behind(route, message):
             return None  # its key waits for a retry: so does it
         state = self.in_place.get((topic, partition)) if self.in_place else None
@@ -233,7 +234,7 @@ class Records:
         self.publisher.send(
             self.requests_topic, key=key, value=None, user_headers=[], redrive=release
         )
-        if key is not None and topic in self.held.held_topics:
+        if key is not None:
             self.held.done(topic, partition, key, offset)
 
     def remember(self, message: Message) -> None:

@@ -204,12 +204,11 @@ class Intake:
 
     def _insert(self, batch: _Batch) -> int:
         """On the writer thread: store the batch, then wake the scheduler if it is due."""
-        now = now_ms()
-        inserted = self.store.insert_batch(batch.pending, batch.dead, batch.releases, now)
+        inserted = self.store.insert_batch(batch.pending, batch.dead, batch.releases)
         if batch.pending:
             self.on_scheduled(min(p.due_ms for p in batch.pending))
         if batch.releases:  # the next of a released key's queue is due now
-            self.on_scheduled(now)
+            self.on_scheduled(now_ms())
         return inserted
 
     def _finish(self, batch: _Batch, stored: Future[int]) -> bool:

@@ -12,7 +12,6 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from redrive.clock import now_ms as clock_ms
 from redrive.reasons import DeadLetterReason
 from redrive.service.filters import (
     DeadLetterFilter,
@@ -138,13 +137,9 @@ class Operations:
             return False
         reason = f"cancelled by operator {actor}"
         self.store.to_dead_letters([(pending_id, DeadLetterReason.CANCELLED, reason)])
-        gone = self.pending_one(pending_id) is None
-        if gone and before["order_queue"] is not None:
-            # Cancelling a head let the next of its key go (key_queues.advance, in the
-            # same transaction): wake the schedulers rather than leave it to their
-            # next idle check.
-            self.store.wake_schedulers(clock_ms())
-        return gone
+        # Cancelling a head lets the next of its key go (key_queues.advance, which
+        # wakes the schedulers).
+        return self.pending_one(pending_id) is None
 
     # ---------------------------------------------------------------- stats
 

@@ -10,6 +10,7 @@ its one door. Callers get typed methods, never a connection:
 - :mod:`.stats`: the per-minute counters and the dashboard's totals;
 - :mod:`.audit`: the log of operator actions;
 - :mod:`.tokens`: the API tokens' names, roles and digests;
+- :mod:`.wakeups`: the NOTIFY that wakes schedulers for rows due sooner;
 - :mod:`.rows`: values between Python and the columns.
 
 Every method runs in its own transaction on a pooled connection. When PostgreSQL is
@@ -39,9 +40,9 @@ from redrive.service.store import (
 )
 from redrive.service.store.audit import AuditEntry
 from redrive.service.store.claims import Claim, ClaimedRetry, DeadRow, Settlement
-from redrive.service.store.intake_writes import NOTIFY_CHANNEL
 from redrive.service.store.pending import MadeDue
 from redrive.service.store.rows import Condition, Row
+from redrive.service.store.wakeups import NOTIFY_CHANNEL
 
 __all__ = [
     "NOTIFY_CHANNEL",
@@ -141,7 +142,6 @@ class Store:
         pending: Sequence[PendingRetry],
         dead: Sequence[DeadLetterRecord],
         releases: Sequence[Release] = (),
-        now_ms: int = 0,
     ) -> int:
         """Insert a batch durably in one transaction; a redelivered request is skipped.
         ``releases`` let the next of their key queues go (:mod:`.key_queues`).
@@ -150,7 +150,7 @@ class Store:
         learn the batch's earliest due time when the transaction commits.
         """
         with self._conn() as conn:
-            return intake_writes.insert_batch(conn, pending, dead, releases, now_ms)
+            return intake_writes.insert_batch(conn, pending, dead, releases)
 
     # ------------------------------------------------------------------ scheduler
 
@@ -243,12 +243,6 @@ class Store:
         is gone; "behind" or "delivered" if it is held in its key's queue (unchanged)."""
         with self._conn() as conn:
             return pending.make_due(conn, pending_id, now_ms)
-
-    def wake_schedulers(self, due_ms: int) -> None:
-        """Tell every instance's scheduler that something is due at `due_ms` (NOTIFY):
-        after an operator's change that let a row go, e.g. the next of a key queue."""
-        with self._conn() as conn:
-            conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, str(due_ms)))
 
     def pending_by_destination(self) -> dict[str, int]:
         with self._conn() as conn:

@@ -10,7 +10,7 @@ due time when the transaction commits.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -20,9 +20,7 @@ from redrive.records import DeadLetterRecord, PendingRetry, Release
 from redrive.service.store import key_queues
 from redrive.service.store.rows import clean_text
 from redrive.service.store.stats import COUNT_MINUTE, per_topic
-
-NOTIFY_CHANNEL: Final = "redrive_pending"
-"""Where a write that makes a retry due sooner says so (payload: its due time, ms)."""
+from redrive.service.store.wakeups import notify_due
 
 _PENDING_COLUMNS = (
     "due_ms, destination, dest_partition, msg_key, msg_value, headers, attempt, group_id, "
@@ -139,7 +137,6 @@ def insert_batch(
     pending: Sequence[PendingRetry],
     dead: Sequence[DeadLetterRecord],
     releases: Sequence[Release] = (),
-    now_ms: int = 0,
 ) -> int:
     """Store a batch in one transaction, counted; returns how many pending rows were new.
     Key queues the batch touched (ordered retries, releases) let their heads go."""
@@ -147,14 +144,11 @@ def insert_batch(
     with conn.transaction(), conn.cursor() as cur:
         if pending:
             inserted = _insert_pending(conn, [_pending_params(row) for row in pending])
+            notify_due(conn, min(r.due_ms for r in pending))
         queues = [q for q in (r.order_queue for r in pending) if q is not None]
         key_queues.supersede(conn, queues)
         key_queues.release(conn, releases)
-        advanced = key_queues.advance(conn, [*queues, *(r.queue for r in releases)])
-        if pending or advanced:
-            # A head let go is due at once (its time has come, or it never failed).
-            earliest = min([r.due_ms for r in pending] + ([now_ms] if advanced else []))
-            cur.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, str(earliest)))
+        key_queues.advance(conn, [*queues, *(r.queue for r in releases)])
         if dead:
             cur.executemany(_INSERT_DEAD, [_dead_params(r) for r in dead])
         counts = [("scheduled", t, n) for t, n in per_topic([r.destination for r in pending])]

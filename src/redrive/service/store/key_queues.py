@@ -18,11 +18,12 @@ the writer's transaction.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, Final
 
 import psycopg
 
 from redrive.records import Release
+from redrive.service.store.wakeups import notify_due
 
 # A retry of a record replaces its earlier attempts (delivered, awaiting its outcome).
 _SUPERSEDE = """
@@ -37,17 +38,22 @@ DELETE FROM redrive_pending
 WHERE order_queue = %s AND original_offset = %s AND attempt <= %s
 """
 
+QUEUE_ORDER: Final = "original_offset, attempt DESC, id"
+"""A queue's order: the lowest original offset first (its newest attempt first); the
+id only breaks ties nothing else breaks. Its head is the first."""
+
 # Each queue's head may go, unless it is out already.
-_ADVANCE = """
+_ADVANCE = f"""
 WITH heads AS (
     SELECT DISTINCT ON (order_queue) id, delivered_ms
     FROM redrive_pending
     WHERE order_queue = ANY(%(queues)s)
-    ORDER BY order_queue, original_offset, attempt DESC
+    ORDER BY order_queue, {QUEUE_ORDER}
 )
 UPDATE redrive_pending p SET held = false
 FROM heads
 WHERE p.id = heads.id AND heads.delivered_ms IS NULL AND p.held
+RETURNING p.due_ms
 """
 
 # Delivered heads wait for their consumer's release, held.
@@ -70,11 +76,16 @@ def release(conn: psycopg.Connection[Any], releases: Sequence[Release]) -> None:
 
 
 def advance(conn: psycopg.Connection[Any], queues: Iterable[bytes]) -> int:
-    """Let each queue's head go when nothing of the queue is out; how many went."""
+    """Let each queue's head go when nothing of the queue is out, and wake the
+    schedulers for them; how many went."""
     wanted = sorted(set(queues))
     if not wanted:
         return 0
-    return max(conn.execute(_ADVANCE, {"queues": wanted}).rowcount, 0)
+    went = conn.execute(_ADVANCE, {"queues": wanted}).fetchall()
+    if went:
+        # Due by now mostly (a head's time has come, or it never failed): at once.
+        notify_due(conn, min(due for (due,) in went))
+    return len(went)
 
 
 def delivered(conn: psycopg.Connection[Any], ids: Sequence[int], now_ms: int) -> None:

@@ -13,8 +13,9 @@ from typing import Any, Final, Literal
 import psycopg
 from psycopg.rows import dict_row
 
-from redrive.service.store.intake_writes import NOTIFY_CHANNEL
+from redrive.service.store.key_queues import QUEUE_ORDER
 from redrive.service.store.rows import Condition, Row, decoded
+from redrive.service.store.wakeups import notify_due
 
 COLUMNS: Final = """
 id, due_ms, destination, dest_partition, msg_key, msg_value, headers, attempt, group_id,
@@ -22,15 +23,12 @@ deadline_ms, original_topic, original_partition, original_offset, request_topic,
 request_partition, request_offset, received_at, order_queue, held, delivered_ms
 """
 
-# A queue's order, as key_queues.advance sees it: the lowest original offset first
-# (its newest attempt first); the id only breaks ties nothing else breaks.
-_QUEUE_ORDER: Final = "original_offset, attempt DESC, id"
 
 # Each queue's head and length: one index probe each (redrive_pending_queue_ix).
 _QUEUE_FACTS: Final = f"""
 SELECT q,
        (SELECT id FROM redrive_pending h WHERE h.order_queue = q
-        ORDER BY {_QUEUE_ORDER} LIMIT 1),
+        ORDER BY {QUEUE_ORDER} LIMIT 1),
        (SELECT count(*) FROM redrive_pending c WHERE c.order_queue = q)
 FROM unnest(%s::bytea[]) AS q
 """
@@ -123,7 +121,7 @@ def queue(
             " AND (attempt < %s OR (attempt = %s AND id > %s))))"
         )
         params += [after[0], after[0], after[1], after[1], after[2]]
-    sql = f"SELECT {COLUMNS} FROM redrive_pending WHERE {where} ORDER BY {_QUEUE_ORDER} LIMIT %s"
+    sql = f"SELECT {COLUMNS} FROM redrive_pending WHERE {where} ORDER BY {QUEUE_ORDER} LIMIT %s"
     with conn.cursor(row_factory=dict_row) as cur:
         rows = _with_queues(conn, decoded(cur.execute(sql.encode(), [*params, limit]).fetchall()))
     # The rows of a page are consecutive: the first one's place gives the others'.
@@ -154,7 +152,7 @@ def make_due(conn: psycopg.Connection[Any], pending_id: int, now_ms: int) -> Mad
             "UPDATE redrive_pending SET due_ms = LEAST(due_ms, %s) WHERE id = %s",
             (now_ms, pending_id),
         )
-        conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, str(now_ms)))
+        notify_due(conn, now_ms)
     return "due"
 
 
