@@ -15,6 +15,7 @@ import argparse
 import json
 import logging
 import platform
+import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -197,6 +198,8 @@ def main(argv: list[str] | None = None) -> list[Result]:
                 )
         if "spark" in chosen:
             results += _spark(stack.bootstrap, size["spark"])
+    # The services' logs matter when a run fails (its error names them); not after.
+    shutil.rmtree(workdir, ignore_errors=True)
     print_table(results)
     if args.json:
         args.json.write_text(json.dumps([r.__dict__ for r in results], indent=2, default=str))
