@@ -65,6 +65,23 @@ def private_stack() -> Iterator[StackStatus]:
                 shutil.rmtree(root, ignore_errors=True)
 
 
+@contextmanager
+def checkpoint_folder(prefix: str) -> Iterator[Path]:
+    """A temporary folder for Spark checkpoints, deleted afterwards. query.stop() returns
+    before Spark's state-store maintenance thread is done, which may still write a
+    snapshot into the folder while it is being deleted ("Directory not empty"): the
+    deletion is tried again for a few seconds and, if that thread outlives it, left."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield folder
+    finally:
+        for _ in range(20):
+            shutil.rmtree(folder, ignore_errors=True)
+            if not folder.exists():
+                break
+            time.sleep(0.25)
+
+
 def create_topic(bootstrap: str, prefix: str, partitions: int) -> str:
     name = f"{prefix}-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": bootstrap})

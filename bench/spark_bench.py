@@ -36,16 +36,14 @@ from __future__ import annotations
 import json
 import random
 import statistics
-import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
-from bench.common import Result, create_topic
+from bench.common import Result, checkpoint_folder, create_topic
 from bench.consumer import PAYLOAD
 from bench.kafka_raw import produce
 from bench.service import Reader, lateness_figures, produce_paced
@@ -313,8 +311,7 @@ def scheduler(spark: Any, bootstrap: str, n: int) -> Result:
 
     watches = [TopicWatch(bootstrap, t) for t in (copy, destination, dlq)]
     try:
-        with tempfile.TemporaryDirectory(prefix="redrive-bench-spark-") as checkpoints:
-            folder = Path(checkpoints)
+        with checkpoint_folder("redrive-bench-spark-") as folder:
             # The peer first, so that both run on a JVM already warmed by the pipeline.
             copy_s = time_query(lambda: start_copy(str(folder / "copy")), watches[0], n)
             scheduler_s = time_query(
@@ -358,8 +355,8 @@ def scheduler_lateness(spark: Any, bootstrap: str, rate: int, seconds: int) -> R
     dlq = create_topic(bootstrap, "bench-spark-late-dlq", 1)
     n = rate * seconds
     rng = random.Random(1)
-    with tempfile.TemporaryDirectory(prefix="redrive-bench-spark-") as checkpoint:
-        query = start_bench_scheduler(spark, bootstrap, requests, dlq, destination, checkpoint)
+    with checkpoint_folder("redrive-bench-spark-") as checkpoint:
+        query = start_bench_scheduler(spark, bootstrap, requests, dlq, destination, str(checkpoint))
         try:
             deadline = time.monotonic() + 120
             while not query.recentProgress and time.monotonic() < deadline:

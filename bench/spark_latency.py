@@ -28,17 +28,15 @@ from __future__ import annotations
 import math
 import random
 import re
-import tempfile
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
-from bench.common import Result, create_topic
+from bench.common import Result, checkpoint_folder, create_topic
 
 TRIGGERS = ("1 second", "100 milliseconds")
 # Real-time mode's trigger duration is its checkpoint interval, not a latency: Spark's
@@ -138,8 +136,8 @@ def measure(
     output = create_topic(bootstrap, "bench-latency-out", 1)
     requests = create_topic(bootstrap, "bench-latency-requests", 1)
     probe = Probe(bootstrap, source, [output, requests])
-    with tempfile.TemporaryDirectory(prefix="redrive-bench-latency-") as checkpoints:
-        query = start(source, output, requests, str(Path(checkpoints) / "query"))
+    with checkpoint_folder("redrive-bench-latency-") as checkpoints:
+        query = start(source, output, requests, str(checkpoints / "query"))
         try:
             measured: list[int] = []
             for n in range(WARMUP + samples):
