@@ -83,8 +83,9 @@ def main(argv: list[str] | None = None) -> int:
         "--instance-id", default=None, help="static group membership (App(instance_id=...))"
     )
     parser.add_argument("--transactional", action="store_true", help="hand-offs in transactions")
+    parser.add_argument("--ordering", choices=["key"], default=None, help="ordering of the handler")
     parser.add_argument(
-        "--ordering", choices=["key"], default=None, help="ordering of the handler (service)"
+        "--dead-letters", choices=["topic", "service"], default=None, help="where dead letters go"
     )
     args = parser.parse_args(argv)
 
@@ -139,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         strategy=args.strategy,
         fatal_on=Fatal,
         ordering=args.ordering,
+        dead_letters=args.dead_letters,
     )
     ordering = f", ordering={args.ordering}" if args.ordering else ""
     print(f"app_process: pid {pid}, {args.strategy} on {args.topic}{ordering}", flush=True)

@@ -233,6 +233,7 @@ class AppProcess(ChildProcess):
     instance_id: str | None = None
     transactional: bool = False
     ordering: str | None = None
+    dead_letters: str | None = None
     runs: int = 0
     proc: subprocess.Popen[bytes] | None = None
     pids: list[int] = field(default_factory=list)
@@ -268,6 +269,7 @@ class AppProcess(ChildProcess):
                 *(["--instance-id", self.instance_id] if self.instance_id else []),
                 *(["--transactional"] if self.transactional else []),
                 *(["--ordering", self.ordering] if self.ordering else []),
+                *(["--dead-letters", self.dead_letters] if self.dead_letters else []),
             ],
             env=env,
             stdout=log,

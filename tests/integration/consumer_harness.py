@@ -126,9 +126,11 @@ def outcome_count(app: App, topic: str, outcome: str) -> float:
 
 def docs_example(heading: str, replacements: dict[str, str]) -> str:
     """The one python block under ``heading`` (``"## Batch handlers"``) of
-    docs/consumer.md, pointed at the test's broker, topics and group: each key of
-    ``replacements``, which the block must say exactly once, replaced by its value."""
+    docs/consumer.md, before any subsection, pointed at the test's broker, topics and
+    group: each key of ``replacements``, which the block must say exactly once,
+    replaced by its value."""
     section = CONSUMER_DOC.read_text().split(f"\n{heading}\n", 1)[1].split("\n## ", 1)[0]
+    section = section.split("\n### ", 1)[0]  # up to its first subsection
     [block] = re.findall(r"```python\n(.*?)```", section, flags=re.DOTALL)
     for old, new in replacements.items():
         assert block.count(old) == 1, f"the docs example no longer says {old}"

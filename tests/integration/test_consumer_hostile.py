@@ -45,7 +45,9 @@ from tests.integration.service_harness import (
 
 pytestmark = pytest.mark.integration
 
-STRATEGIES = ["blocking", "pause", "topics", "service"]
+STRATEGIES = ["blocking", "pause", "topics", "topics ordered", "service"]
+"""The apps fed: one per strategy, and `topics` with ``ordering="key"`` (its key lines in
+the tiers, with transactions)."""
 
 # The poison pill: a header name that is not UTF-8 among readable ones.
 BAD_KEY = b"bad-key \x01\xfe\xff"
@@ -215,7 +217,9 @@ _FORGED: dict[str, list[bytes]] = {
     "redrive-deadline": [b"0", b"@now+1000000", b"9223372036854775807", b"x"],
     "redrive-original-timestamp": [b"9223372036854775807", b"0", b"-1"],
     "redrive-original-topic": [b"elsewhere", b"not a topic"],
-    "redrive-original-offset": [b"9223372036854775807", b"-1"],
+    "redrive-original-offset": [b"9223372036854775807", b"-1", b"0", b"1"],
+    "redrive-original-partition": [b"0", b"1", b"7", b"-1"],
+    "redrive-order": [b"key", b"behind", b"release", b"sideways"],
     "redrive-partition": [b"2147483647", b"7"],
     "redrive-send-to": [b"dlq", b"nowhere"],
     "redrive-error-trace": [b"\xff" * 9000],
@@ -420,9 +424,13 @@ def hostile_env(bootstrap: str, database_url: str) -> Iterator[HostileEnv]:
     """One app per strategy, each on its own topic (2 partitions), started once: every
     generated batch goes to all of them. The `topics` app is also fed on its tier."""
     tag = uuid.uuid4().hex[:8]
-    topics = {s: f"hostile-{s}-{tag}" for s in STRATEGIES}
-    tier = f"hostile-topics-{tag}.{topics['topics']}.retry.100ms"  # the app's group, below
-    _create_topics(bootstrap, [*topics.values(), tier])  # the tier too, to take any time
+    topics = {s: f"hostile-{s.replace(' ', '-')}-{tag}" for s in STRATEGIES}
+    tiers = {  # the apps' groups, below
+        s: f"hostile-{s.replace(' ', '-')}-{tag}.{topics[s]}.retry.100ms"
+        for s in STRATEGIES
+        if s.startswith("topics")
+    }
+    _create_topics(bootstrap, [*topics.values(), *tiers.values()])  # to take any time
     with ExitStack() as stack:
         service = stack.enter_context(
             retry_service(bootstrap, database_url, allowed_destinations=[topics["service"]])
@@ -430,23 +438,27 @@ def hostile_env(bootstrap: str, database_url: str) -> Iterator[HostileEnv]:
         lanes = []
         for strategy, topic in topics.items():
             outcomes = Outcomes()
+            ordered = strategy.endswith(" ordered")
             app = App(
                 bootstrap,
-                group=f"hostile-{strategy}-{tag}",
+                group=f"hostile-{strategy.replace(' ', '-')}-{tag}",
                 requests_topic=service.settings.requests_topic,
+                transactional=ordered,
+                commit_interval_s=0.2,
             )
             app.add_handler(
                 topic,
                 outcomes.handle,
                 policy=POLICY,
-                strategy=strategy,  # type: ignore[arg-type]
+                strategy=strategy.split()[0],  # type: ignore[arg-type]
+                ordering="key" if ordered else None,
             )
             stack.enter_context(running_app(app))
             if strategy == "service":
                 collect = _store_collector(service.database_url, outcomes)
             else:
                 collect = _dlq_collector(stack, bootstrap, topic, outcomes)
-            targets = [topic, tier] if strategy == "topics" else [topic]
+            targets = [topic, tiers[strategy]] if strategy in tiers else [topic]
             lanes.append(Lane(strategy, app, targets, outcomes, collect))
         producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
         stack.callback(producer.flush, 30)

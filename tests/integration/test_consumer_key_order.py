@@ -1,7 +1,9 @@
 """Key order through non-blocking retries (``ordering="key"``), against the real broker
 and retry service: while a record of a key waits for its retry, the later records of
 that key wait behind it and are handled in order after it; other keys go on; the held
-keys survive a restart of the App; a dead letter at the head lets the rest go."""
+keys survive a restart of the App; a dead letter at the head lets the rest go. For each
+keeper of the lines: the retry service (``service``), the tier topics (``topics``,
+``retry-topic``, with transactions)."""
 
 from __future__ import annotations
 
@@ -46,9 +48,18 @@ def _handled(calls: Calls, key: bytes, ok: set[tuple[bytes, int]]) -> list[bytes
         return [c.value for c in calls.items if c.key == key and (c.value, c.attempt) in ok]
 
 
-@pytest.mark.parametrize("kind", ["def", "async def"])
+@pytest.mark.parametrize(
+    ("strategy", "kind"),
+    [
+        ("service", "def"),
+        ("service", "async def"),
+        ("topics", "def"),
+        ("topics", "async def"),
+        ("retry-topic", "def"),
+    ],
+)
 def test_later_records_of_a_key_wait_behind_its_retry(
-    kind: str, bootstrap: str, database_url: str, new_topic: Callable[..., str]
+    strategy: str, kind: str, bootstrap: str, database_url: str, new_topic: Callable[..., str]
 ) -> None:
     topic = new_topic("key-order")
     calls = Calls()
@@ -68,9 +79,8 @@ def test_later_records_of_a_key_wait_behind_its_retry(
     handler = plain if kind == "def" else awaited
 
     with retry_service(bootstrap, database_url, allowed_destinations=[topic]) as service:
-        app = App(bootstrap, group=f"g-{topic}", requests_topic=service.settings.requests_topic)
-        app.add_handler(topic, handler, strategy="service", policy="1s x3", ordering="key")
-        with running_app(app):
+        requests = service.settings.requests_topic
+        with running_app(_app(bootstrap, topic, requests, handler, strategy)) as app:
             produce(bootstrap, topic, _records(b"a", [b"a1", b"a2", b"a3"]))
             produce(bootstrap, topic, _records(b"b", [b"b1", b"b2"]))
             assert wait_for(lambda: len(_handled(calls, b"a", succeeded)) == 3, 40)
@@ -89,20 +99,39 @@ def test_later_records_of_a_key_wait_behind_its_retry(
             assert order.index((b"b2", 1)) < order.index((b"a1", 2))
             assert outcome_count(app, topic, "held_behind") == 2
         # Once a is free, a new record of it goes straight to the handler.
-        with running_app(_app(bootstrap, topic, service.settings.requests_topic, handler)) as again:
+        with running_app(_app(bootstrap, topic, requests, handler, strategy)) as again:
             produce(bootstrap, topic, _records(b"a", [b"a4"]))
             assert wait_for(lambda: (b"a4", 1) in succeeded, 20)
             assert outcome_count(again, topic, "held_behind") == 0
 
 
-def _app(bootstrap: str, topic: str, requests_topic: str, handler: Callable[..., Any]) -> App:
-    app = App(bootstrap, group=f"g-{topic}", requests_topic=requests_topic)
-    app.add_handler(topic, handler, strategy="service", policy="1s x3", ordering="key")
+def _app(
+    bootstrap: str, topic: str, requests_topic: str, handler: Callable[..., Any], strategy: str
+) -> App:
+    """Dead letters go to the service with every strategy (the test reads them there);
+    the tier topics keep key lines only with transactions."""
+    lines_in_tiers = strategy != "service"
+    app = App(
+        bootstrap,
+        group=f"g-{topic}",
+        requests_topic=requests_topic,
+        transactional=lines_in_tiers,
+        commit_interval_s=0.2,
+    )
+    app.add_handler(
+        topic,
+        handler,
+        strategy=strategy,
+        policy="1s x3",
+        ordering="key",
+        dead_letters="service",
+    )
     return app
 
 
+@pytest.mark.parametrize("strategy", ["service", "topics"])
 def test_held_keys_survive_a_restart_and_a_dead_letter_lets_the_rest_go(
-    bootstrap: str, database_url: str, new_topic: Callable[..., str]
+    strategy: str, bootstrap: str, database_url: str, new_topic: Callable[..., str]
 ) -> None:
     topic = new_topic("key-order-restart", partitions=2)
     calls = Calls()
@@ -119,14 +148,14 @@ def test_held_keys_survive_a_restart_and_a_dead_letter_lets_the_rest_go(
 
     with retry_service(bootstrap, database_url, allowed_destinations=[topic]) as service:
         requests = service.settings.requests_topic
-        with running_app(_app(bootstrap, topic, requests, handler)):
+        with running_app(_app(bootstrap, topic, requests, handler, strategy)):
             produce(bootstrap, topic, _records(b"k", [b"k1", b"k2"]))
             produce(bootstrap, topic, _records(b"x", [b"x1", b"x2"]))
             assert wait_for(lambda: any(c.value == b"k1" for c in calls.items), 20)
             time.sleep(0.5)  # k2 read and put behind k1
         # Stopped while k1 waits for its retry (due 1 s after each failure): a new App
         # reads the held keys back, and k3 waits behind k1 and k2 too.
-        with running_app(_app(bootstrap, topic, requests, handler)) as again:
+        with running_app(_app(bootstrap, topic, requests, handler, strategy)) as again:
             produce(bootstrap, topic, _records(b"k", [b"k3"]))
             assert wait_for(lambda: len(_handled(calls, b"k", succeeded)) == 2, 40)
             assert wait_for(lambda: len(_handled(calls, b"x", succeeded)) == 2, 20)
@@ -135,14 +164,26 @@ def test_held_keys_survive_a_restart_and_a_dead_letter_lets_the_rest_go(
             assert [c.attempt for c in calls.items if c.value == b"k1"] == [1, 2, 3, 4]
             assert _handled(calls, b"x", succeeded) == [b"x1", b"x2"]
             assert outcome_count(again, topic, "dead_lettered") == 1
+        # Stored once the service's intake has read it.
+        assert wait_for(lambda: len(service.store.dead_letters(limit=10)) == 1, 20)
         [letter] = service.store.dead_letters(limit=10)
         assert bytes(letter["msg_value"]) == b"k1"
 
 
-def test_ordering_needs_the_retry_service(bootstrap: str) -> None:
+def test_ordering_needs_a_strategy_that_keeps_key_lines(bootstrap: str) -> None:
     app = App(bootstrap, group="g-order-config")
-    with pytest.raises(ConfigError, match="ordering"):
+    with pytest.raises(ConfigError, match="does not keep key order"):
+        app.add_handler("t", lambda m: None, strategy="pause", ordering="key")
+    with pytest.raises(ConfigError, match="transactional=True"):
         app.add_handler("t", lambda m: None, strategy="topics", ordering="key")
+    sticky = App(
+        bootstrap,
+        group="g-order-config",
+        transactional=True,
+        consumer_kafka={"partition.assignment.strategy": "cooperative-sticky"},
+    )
+    with pytest.raises(ConfigError, match=r"partition\.assignment\.strategy"):
+        sticky.add_handler("t", lambda m: None, strategy="retry-topic", ordering="key")
     with pytest.raises(ConfigError, match="per_group_topic"):
         app.add_handler("t", lambda m: None, per_group_topic=True, ordering="key")
     with pytest.raises(ConfigError, match="batch handlers"):
@@ -171,3 +212,25 @@ def test_the_docs_example_applies_each_orders_statuses_in_order(
             done = ["PAID", "SHIPPED", "DELIVERED"]
             assert wait_for(lambda: statuses.get("7") == done, 30), statuses
             assert wait_for(lambda: statuses.get("9") == ["PAID", "SHIPPED"], 30), statuses
+
+
+def test_the_topics_docs_example_applies_each_orders_statuses_in_order(
+    bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic("order-status-tiers")
+    source = docs_example(
+        "### Key order with the topics strategies",
+        {
+            '"localhost:9092"': repr(bootstrap),
+            '"shipping"': repr(f"g-{topic}"),
+            '"order-status"': repr(topic),
+        },
+    )
+    with running_example(source) as example:
+        produce(bootstrap, topic, _records(b"7", [b"PAID", b"SHIPPED", b"DELIVERED"]))
+        produce(bootstrap, topic, _records(b"9", [b"PAID", b"SHIPPED"]))
+        statuses = example["statuses"]
+        done = ["PAID", "SHIPPED", "DELIVERED"]
+        assert wait_for(lambda: statuses.get("7") == done, 30), statuses
+        assert wait_for(lambda: statuses.get("9") == ["PAID", "SHIPPED"], 30), statuses
+        assert outcome_count(example["app"], topic, "held_behind") >= 1

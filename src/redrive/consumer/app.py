@@ -58,6 +58,7 @@ from redrive.consumer.errors import (
 )
 from redrive.consumer.handlers import check_handler, is_async_callable
 from redrive.consumer.held_keys import HeldKeys
+from redrive.consumer.key_lines import KeyLines
 from redrive.consumer.loop import flush_batches, poll_once
 from redrive.consumer.message import Message
 from redrive.consumer.metrics import ConsumerMetrics
@@ -242,11 +243,34 @@ class App:
         if topic in self._reads:
             raise ConfigError(f"handler for {topic!r}", "registered twice")
         route = build_route(topic, fn, self.group, options, DEFAULT_POLICY)
+        if route.lines_in_tiers:
+            self._check_key_lines(route)
         for name, kind in route.topics().items():
             if name in self._reads:
                 raise ConfigError(f"handler for {topic!r}", f"topic {name!r} is already read")
             self._reads[name] = (route, kind)
         self.routes[topic] = route
+
+    def _check_key_lines(self, route: Route) -> None:
+        """Key lines in the tier topics (:mod:`redrive.consumer.key_lines`) move a
+        record's copy and rewrite its line in one step, and keep a partition's lines
+        with the App instance that reads the partition and its tiers."""
+        setting = f"ordering for {route.topic!r}"
+        if not self.transactional:
+            raise ConfigError(
+                setting,
+                f"the {route.strategy} strategy keeps key order only with transactions "
+                "(a record's copy and its key's line are written in one step)",
+                'use App(..., transactional=True), or strategy="service"',
+            )
+        assignor = {**self.kafka, **self.consumer_kafka}.get("partition.assignment.strategy")
+        if assignor is not None and not str(assignor).replace(" ", "").startswith("range"):
+            raise ConfigError(
+                "partition.assignment.strategy",
+                f"{assignor!r} may give a partition and its retry tiers to different "
+                f"instances, whose key lines for {route.topic!r} would then disagree",
+                'leave it out (librdkafka\'s default starts with "range"), or use "range"',
+            )
 
     def batch_handler(
         self,
@@ -346,9 +370,14 @@ class App:
         self._producer = producer
         self._client_config = config
         self._publisher = Publisher(producer, self._stop)
+        ordered = [r for r in self.routes.values() if r.ordering is not None]
         self._held = HeldKeys(
+            self._publisher, {r.topic: r.held_topic for r in ordered if not r.lines_in_tiers}
+        )
+        self._lines = KeyLines(
             self._publisher,
-            {r.topic: r.held_topic for r in self.routes.values() if r.ordering is not None},
+            {r.topic: r.held_topic for r in ordered if r.lines_in_tiers},
+            {r.topic: r.tiers for r in ordered if r.lines_in_tiers},
         )
         self._transactions = Transactions(producer, consumer) if self.transactional else None
         self._records = Records(
@@ -365,6 +394,7 @@ class App:
             RecentIds(self.repeat_window),
             self._held,
             self.transactional,
+            self._lines,
         )
         self._offsets = OffsetTracker()
         self._pauses = PauseBook(consumer)
@@ -534,6 +564,7 @@ class App:
         self._forget(assigned)
         self._assigned = frozenset(assigned)
         self._held.load(self._client_config, assigned)  # as the transaction left them
+        self._lines.load(self._client_config, assigned)
         wanted = [TopicPartition(t, p) for t, p in sorted(assigned)]
         for tp in self._consumer.committed(wanted, timeout=30) if wanted else []:
             # No committed offset yet: from where auto.offset.reset says.
@@ -558,6 +589,7 @@ class App:
         self._assigned = self._assigned | new
         # Before any record of theirs: which keys of ordered routes wait for a retry.
         self._held.load(self._client_config, new)
+        self._lines.load(self._client_config, new)
         log.info(
             "partitions assigned", partitions=[f"{p.topic}[{p.partition}]" for p in partitions]
         )
@@ -585,6 +617,7 @@ class App:
         self._assigned = self._assigned - partitions
         self._offsets.forget(partitions)
         self._held.forget(partitions)
+        self._lines.forget(partitions)
         self._pauses.release(partitions)
         parked = self._pauses.parked()
         for partition in partitions:

@@ -82,45 +82,61 @@ class HeldKeys:
             self.by_partition.pop(partition, None)
 
     def load(self, config: Mapping[str, Any], partitions: Iterable[Partition]) -> None:
-        """Read back the held keys of newly assigned partitions of ordered routes, from
-        their held-keys topic (committed records only: a hand-off of a transaction
-        that did not commit did not happen)."""
-        wanted = [(t, p) for t, p in partitions if t in self.held_topics]
-        if not wanted:
-            return
-        reader = Consumer(
-            {
-                **config,
-                "group.id": "redrive-held-keys-reader",  # assigned, never committed
-                "enable.auto.commit": False,
-                "enable.partition.eof": True,
-                "isolation.level": "read_committed",
-            }
+        """Read back the held keys of newly assigned partitions of ordered routes."""
+        for partition, values in read_back(config, self.held_topics, partitions).items():
+            keys: dict[bytes, int] = {}
+            for key, value in values.items():
+                try:
+                    keys[key] = int(value)
+                except ValueError:
+                    log.warning(
+                        "held-keys record not an offset; skipped",
+                        topic=self.held_topics[partition[0]],
+                        partition=partition[1],
+                    )
+            self.by_partition[partition] = keys
+
+
+def read_back(
+    config: Mapping[str, Any], held_topics: Mapping[str, str], partitions: Iterable[Partition]
+) -> dict[Partition, dict[bytes, bytes]]:
+    """The last value of each key in the held-keys topic partitions of the newly
+    assigned partitions of ordered routes (``held_topics``: route topic -> its held-keys
+    topic), read from start to end; committed records only (a hand-off of a
+    transaction that did not commit did not happen)."""
+    wanted = [(t, p) for t, p in partitions if t in held_topics]
+    if not wanted:
+        return {}
+    reader = Consumer(
+        {
+            **config,
+            "group.id": "redrive-held-keys-reader",  # assigned, never committed
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+        }
+    )
+    try:
+        found = _read_to_end(
+            reader, [TopicPartition(held_topics[t], p, OFFSET_BEGINNING) for t, p in wanted]
         )
-        try:
-            found = _read_to_end(
-                reader,
-                [TopicPartition(self.held_topics[t], p, OFFSET_BEGINNING) for t, p in wanted],
-            )
-        finally:
-            reader.close()
-        by_held = {(self.held_topics[t], p): (t, p) for t, p in wanted}
-        for (held_topic, p), keys in found.items():
-            self.by_partition[by_held[(held_topic, p)]] = keys
-        for partition in wanted:
-            self.by_partition.setdefault(partition, {})
-        log.info(
-            "held keys read back",
-            partitions=[f"{t}[{p}]" for t, p in wanted],
-            held=sum(len(self.by_partition[w]) for w in wanted),
-        )
+    finally:
+        reader.close()
+    by_held = {(held_topics[t], p): (t, p) for t, p in wanted}
+    values = {by_held[where]: keys for where, keys in found.items()}
+    log.info(
+        "held keys read back",
+        partitions=[f"{t}[{p}]" for t, p in wanted],
+        held=sum(len(keys) for keys in values.values()),
+    )
+    return values
 
 
 def _read_to_end(
     reader: Consumer, partitions: list[TopicPartition]
-) -> dict[tuple[str, int], dict[bytes, int]]:
+) -> dict[tuple[str, int], dict[bytes, bytes]]:
     """Each partition's keys and last values, read from its start to its end."""
-    found: dict[tuple[str, int], dict[bytes, int]] = {
+    found: dict[tuple[str, int], dict[bytes, bytes]] = {
         (tp.topic, tp.partition): {} for tp in partitions
     }
     open_ = set(found)
@@ -146,12 +162,5 @@ def _read_to_end(
             if value is None:
                 keys.pop(key, None)
             else:
-                try:
-                    keys[key] = int(value)
-                except ValueError:
-                    log.warning(
-                        "held-keys record not an offset; skipped",
-                        topic=where[0],
-                        partition=where[1],
-                    )
+                keys[key] = value
     return found

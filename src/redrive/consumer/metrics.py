@@ -11,8 +11,9 @@ class ConsumerMetrics:
         self.records = Counter(
             "redrive_consumer_records",
             "Records dealt with, by outcome: handled, retried, dead_lettered, "
-            "repeat_skipped (a redelivery handled already), held_behind (sent behind "
-            "its key's retry, ordering='key').",
+            "repeat_skipped (a redelivery handled already, or a stale copy), held_behind "
+            "(sent behind its key's retry, ordering='key'), moved_behind (a copy of a "
+            "key's line moved behind the record before it: topics strategies).",
             ["topic", "outcome"],
             registry=self.registry,
         )

@@ -62,9 +62,10 @@ class HandlerOptions(TypedDict, total=False):
     per_group_topic: bool
     ordering: Literal["key"] | None
     """``"key"``: while a record waits for its retry, the later records of its key wait
-    behind it, and are handled in order once it is done with (strategy ``service``;
-    see :mod:`redrive.consumer.held_keys`). None (the default): a key's later records
-    may overtake a record waiting for its retry."""
+    behind it, and are handled in order once it is done with (strategy ``service``, see
+    :mod:`redrive.consumer.held_keys`; ``topics`` and ``retry-topic`` with
+    ``transactional=True``, see :mod:`redrive.consumer.key_lines`). None (the
+    default): a key's later records may overtake a record waiting for its retry."""
     breaker: Breaker | None
     """The ``pause`` strategy's circuit breaker (default: ``Breaker()``; see
     :class:`redrive.consumer.breaker.Breaker`); other strategies have none."""
@@ -104,6 +105,11 @@ class Route:
         self.plan = plan
         self.router = Router(self.policy, self.group)
         plan.prepare(self)
+
+    @property
+    def lines_in_tiers(self) -> bool:
+        """Key order kept in the tier topics (:mod:`redrive.consumer.key_lines`)."""
+        return self.ordering is not None and self.plan.key_order == "tiers"
 
     @property
     def held_topic(self) -> str:
@@ -195,7 +201,7 @@ def build_route(
     if breaker is None and plan is not None:
         breaker = plan.default_breaker
     ordering = options.get("ordering")
-    _check_ordering(topic, ordering, strategy, per_group_topic)
+    _check_ordering(topic, ordering, strategy, plan, per_group_topic)
     return Route(
         topic,
         fn,
@@ -211,19 +217,26 @@ def build_route(
     )
 
 
-def _check_ordering(topic: str, ordering: object, strategy: str, per_group_topic: bool) -> None:
-    """``ordering="key"`` needs the retry service to keep each key's queue, and the
-    retries back on the partition the held keys of which the App keeps."""
+def _check_ordering(
+    topic: str,
+    ordering: object,
+    strategy: str,
+    plan: RetryStrategy | None,
+    per_group_topic: bool,
+) -> None:
+    """``ordering="key"`` needs a strategy that keeps each held key's line (the retry
+    service, or the tier topics), and the retries back on the partition whose held
+    keys the App keeps."""
     setting = f"ordering for {topic!r}"
     if ordering is None:
         return
     if ordering != "key":
         raise ConfigError(setting, f"{ordering!r} is not an ordering", 'use "key", or leave it out')
-    if strategy != "service":
+    if plan is not None and plan.key_order is None:
         raise ConfigError(
             setting,
             f"the {strategy} strategy does not keep key order through retries",
-            'use strategy="service" (the retry service keeps each key\'s queue); '
+            'use strategy="service", "topics" or "retry-topic"; '
             'strategy="blocking" keeps the whole partition\'s order',
         )
     if per_group_topic:

@@ -29,6 +29,8 @@ from redrive.router import FailedRecord, RetryTarget
 
 DeadLetterTarget: TypeAlias = Literal["topic", "service"]
 Kind: TypeAlias = Literal["source", "tier", "redelivery"]
+KeyOrder: TypeAlias = Literal["service", "tiers"]
+"""Where a strategy keeps the line of a key held by ``ordering="key"``."""
 """What a topic a route reads is to it: its own, a retry tier, or a per-group topic."""
 
 
@@ -77,6 +79,10 @@ class RetryStrategy(ABC):
     """Whether a failed record is retried in place, its partition waiting: order is
     kept per partition, so an async handler takes one record of a partition at a time
     (otherwise one record of a key at a time)."""
+    key_order: ClassVar[KeyOrder | None] = None
+    """Where each held key's line is kept with ``ordering="key"``: in the retry
+    service (:mod:`redrive.service.store.key_queues`) or in the tier topics
+    (:mod:`redrive.consumer.key_lines`); None: the strategy does not keep key order."""
     default_breaker: ClassVar[Breaker | None] = None
     """The circuit breaker of a handler that names none (``breaker=``); None: the
     strategy has no breaker, and refuses one."""

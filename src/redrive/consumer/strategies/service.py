@@ -16,6 +16,7 @@ class Service(RetryStrategy):
     name = "service"
     default_dead_letters = "service"
     per_group_topic = True
+    key_order = "service"
 
     def topics(self, route: Route) -> dict[str, Kind]:
         return {route.redelivery_topic: "redelivery"} if route.per_group_topic else {}

@@ -36,6 +36,7 @@ corrupt, and is handled at once rather than holding its partition for ever."""
 
 class Topics(RetryStrategy):
     name = "topics"
+    key_order = "tiers"
 
     tier_pattern: ClassVar[str] = "<group>.<topic>.retry.<delay>"
     """How a tier's name is made, for the error about a group that cannot make one."""
