@@ -179,6 +179,22 @@ def main(argv: list[str] | None = None) -> list[Result]:
                         {"per_s": round(per_s), "success_per_s": round(success)},
                     )
                 )
+            ordered = consumer.tier_order_paths(stack.bootstrap, size["consumer_service"], rounds)
+            print(f"consumer key order through the tiers: {ordered}")
+            for variant in consumer.TIER_ORDER_PATHS[1:]:
+                results.append(
+                    Result(
+                        f"5 consumer tiers {variant}",
+                        f"{ordered[variant]['ratio']:.2f}x of the topics success path",
+                        "-",
+                        None,
+                        {
+                            "n": size["consumer_service"],
+                            "per_s": round(ordered[variant]["per_s"]),
+                            "success_per_s": round(ordered["topics"]["per_s"]),
+                        },
+                    )
+                )
             paths = consumer.service_paths(
                 stack.bootstrap, stack.database_url, size["consumer_service"], workdir, rounds
             )

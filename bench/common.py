@@ -36,13 +36,13 @@ class Result:
     def line(self) -> str:
         verdict = {True: "met", False: "NOT MET", None: "-"}[self.met]
         figures = ", ".join(f"{k}={v}" for k, v in self.figures.items())
-        return f"{self.name:<28} {self.ratio:<34} {self.goal:<26} {verdict:<8} {figures}"
+        return f"{self.name:<40} {self.ratio:<34} {self.goal:<26} {verdict:<8} {figures}"
 
 
 def print_table(results: list[Result]) -> None:
     print()
-    print(f"{'benchmark':<28} {'ratio':<34} {'goal':<26} {'verdict':<8} figures")
-    print("-" * 140)
+    print(f"{'benchmark':<40} {'ratio':<34} {'goal':<26} {'verdict':<8} figures")
+    print("-" * 152)
     for result in results:
         print(result.line())
 

@@ -14,9 +14,10 @@ distinct ones), so the async handler's records go through per-key lanes as in re
 use.
 
 The failure paths: against the topics strategy's success path, transactions and 10%
-of records failing once (:data:`FAILURE_PATHS`); through a running retry service,
-10% failing once with and without ``ordering="key"`` (:data:`SERVICE_PATHS`), at a
-tenth of the size (each round runs a service of its own).
+of records failing once (:data:`FAILURE_PATHS`); at a tenth of the size, key order
+kept in the tiers (:data:`TIER_ORDER_PATHS`) and, through a running retry service,
+10% failing once with and without ``ordering="key"`` (:data:`SERVICE_PATHS`; each
+round runs a service of its own).
 """
 
 from __future__ import annotations
@@ -53,6 +54,19 @@ FAILURE_PATHS = (
 the cost of transactions (``transactional=True``) alone, of 10% of records failing
 once (handed to the 100 ms tier and handled from there), and of both."""
 
+TIER_ORDER_PATHS = (
+    "topics",
+    "fail 10%, txn",
+    "fail 10%, txn, key order",
+)
+"""Rows at a tenth of the size, strategy topics, JSON handler: the success path, 10%
+failing once with transactions, and the same with ``ordering="key"`` (the later
+records of a failed record's key wait behind it in the tier:
+:mod:`redrive.consumer.key_lines`); each as a ratio to the first. At full size the
+last would take over ten minutes: every record is in the topic from the start, so
+every key is held nearly all the time, and a key's line moves past each failure in
+at least one commit interval (its retry's copy is read once its transaction commits)."""
+
 
 SERVICE_PATHS = (
     "service",
@@ -67,6 +81,15 @@ through the service too); each as a ratio to the first."""
 
 class Flaky(Exception):
     pass
+
+
+def source_offset(message: Message) -> int:
+    """The record's offset in its source topic, also when it comes back through a tier
+    or the service (where a record waiting behind its key has attempt 1 too)."""
+    retry = message.retry
+    if retry is not None and retry.original_offset is not None:
+        return retry.original_offset
+    return message.offset
 
 
 def bare_loop(bootstrap: str, topic: str, n: int, work: Callable[[bytes], Any]) -> float:
@@ -106,6 +129,7 @@ def app_loop(
     handler with strategy `variant`, or (`async`, `batch`) the same work in an async
     or a batch handler, strategy `service`, or one of :data:`FAILURE_PATHS`."""
     failing = "fail" in variant
+    ordering: Literal["key"] | None = "key" if "key order" in variant else None
     app = App(
         bootstrap,
         group=uuid.uuid4().hex,
@@ -120,7 +144,7 @@ def app_loop(
         if not state["seen"]:
             state["started"] = time.perf_counter()
         work(message.raw_value or b"{}")
-        if failing and message.attempt == 1 and message.offset % 10 == 0:
+        if failing and message.attempt == 1 and source_offset(message) % 10 == 0:
             raise Flaky("fails once")
         state["seen"] += 1
         if state["seen"] >= n:
@@ -146,10 +170,9 @@ def app_loop(
         app.add_batch_handler(
             topic, batch_handler, max_records=500, max_wait=0, policy="1s", strategy="service"
         )
-    elif variant in FAILURE_PATHS:
-        app.add_handler(topic, handler, policy="100ms", strategy="topics")
+    elif variant in FAILURE_PATHS or variant in TIER_ORDER_PATHS[1:]:
+        app.add_handler(topic, handler, policy="100ms", strategy="topics", ordering=ordering)
     elif variant in SERVICE_PATHS:
-        ordering: Literal["key"] | None = "key" if "key order" in variant else None
         app.add_handler(topic, handler, policy="100ms", strategy="service", ordering=ordering)
     else:
         app.add_handler(topic, handler, policy="1s", strategy=variant)  # type: ignore[arg-type]
@@ -184,6 +207,21 @@ def run(bootstrap: str, n: int, rounds: int = 3) -> dict[str, dict[str, dict[str
             best = {k: min(v, best.get(k, v)) for k, v in times.items()}
         results[name] = {k: {"per_s": n / v, "ratio": best["bare"] / v} for k, v in best.items()}
     return results
+
+
+def tier_order_paths(bootstrap: str, n: int, rounds: int = 3) -> dict[str, dict[str, float]]:
+    """{variant: {"per_s", "ratio"}} of :data:`TIER_ORDER_PATHS`, the ratio to the
+    success path's, all on one topic of ``n`` records (each App a group of its own);
+    the best time of the rounds is kept."""
+    topic = create_topic(bootstrap, "bench-consumer-tier-order", 6)
+    produce(bootstrap, topic, n, payload=PAYLOAD)
+    best: dict[str, float] = {}
+    for _ in range(rounds):
+        for variant in TIER_ORDER_PATHS:
+            elapsed = app_loop(bootstrap, topic, n, variant, json.loads)
+            best[variant] = min(elapsed, best.get(variant, elapsed))
+    success = best["topics"]
+    return {k: {"per_s": n / v, "ratio": success / v} for k, v in best.items()}
 
 
 def service_paths(
