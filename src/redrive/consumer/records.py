@@ -228,24 +228,15 @@ class Records:
         turn = lines.where(topic, partition, key, offset, message.topic)
         if turn == "head":
             return False
+        copy_log = log.bind(
+            topic=message.topic, partition=partition, offset=message.offset, original_offset=offset
+        )
         if turn == "stale":
             self.metrics.records.labels(route.topic, "repeat_skipped").inc()
-            log.info(
-                "stale copy skipped: its record waits elsewhere",
-                topic=message.topic,
-                partition=partition,
-                offset=message.offset,
-                original_offset=offset,
-            )
+            copy_log.info("stale copy skipped: its record waits elsewhere")
             return True
         if turn == "absent":
-            log.warning(
-                "ordered tier record in no key line; handled without order",
-                topic=message.topic,
-                partition=partition,
-                offset=message.offset,
-                original_offset=offset,
-            )
+            copy_log.warning("ordered tier record in no key line; handled without order")
             return False
         # Not its turn: behind the record before it, wherever that one is now.
         place = lines.before(topic, partition, key, offset)
@@ -255,14 +246,7 @@ class Records:
         self._copy(message, place, moved)
         lines.place(topic, partition, key, offset, place)
         self.metrics.records.labels(route.topic, "moved_behind").inc()
-        log.info(
-            "record moved behind the one before it in its key's line",
-            topic=message.topic,
-            partition=partition,
-            offset=message.offset,
-            original_offset=offset,
-            to=place,
-        )
+        copy_log.info("record moved behind the one before it in its key's line", to=place)
         return True
 
     def _copy(self, message: Message, tier: str, request: RetryHeaders) -> None:

@@ -66,10 +66,15 @@ class RetryService:
         self.store: Store | None = None
         self._admin: AdminClient | None = None
         self._replay_producer: Producer | None = None
-        self.metrics = ServiceMetrics(self._pending_by_destination)
+        self.metrics = ServiceMetrics(
+            self._pending_by_destination, self._oldest_due_ms, self.readiness
+        )
 
     def _pending_by_destination(self) -> dict[str, int]:
         return self.store.pending_by_destination() if self.store else {}
+
+    def _oldest_due_ms(self) -> int | None:
+        return self.store.oldest_due_ms() if self.store else None
 
     @property
     def kafka_config(self) -> dict[str, Any]:

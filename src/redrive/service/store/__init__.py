@@ -248,6 +248,11 @@ class Store:
         with self._conn() as conn:
             return pending.by_destination(conn)
 
+    def oldest_due_ms(self) -> int | None:
+        """The earliest due time of a retry that may be delivered, or None."""
+        with self._conn() as conn:
+            return pending.oldest_due_ms(conn)
+
     # ------------------------------------------------------------------ stats
 
     def totals(self) -> dict[str, Any]:

@@ -156,6 +156,14 @@ def make_due(conn: psycopg.Connection[Any], pending_id: int, now_ms: int) -> Mad
     return "due"
 
 
+def oldest_due_ms(conn: psycopg.Connection[Any]) -> int | None:
+    """The earliest due time of a retry that may be delivered (not held behind its
+    key's head), claimed by a scheduler or not; None if there is none. The claim
+    index (due_ms, partial on NOT held) answers it without a scan."""
+    row = conn.execute("SELECT min(due_ms) FROM redrive_pending WHERE NOT held").fetchone()
+    return None if row is None or row[0] is None else int(row[0])
+
+
 def by_destination(conn: psycopg.Connection[Any]) -> dict[str, int]:
     """How many retries wait for each destination."""
     rows = conn.execute(
