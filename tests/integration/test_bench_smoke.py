@@ -46,6 +46,8 @@ def test_every_benchmark_runs_and_reports_its_figures(tmp_path: Path) -> None:
         "5 consumer fail 10%, txn",
         "5 consumer service fail 10%",
         "5 consumer service fail 10%, key order",
+        "5 consumer tiers fail 10%, txn",
+        "5 consumer tiers fail 10%, txn, key order",
         "6 spark pipeline",
         "6 spark latency, 1 record",
         "6 spark scheduler",
