@@ -38,3 +38,8 @@ class DeadLetterReason(StrEnum):
 
     CANCELLED = "cancelled"
     """An operator cancelled the pending retry."""
+
+    INGESTED = "ingested"
+    """A dead letter of another system (a Spring Kafka dead-letter topic, a Kafka
+    Connect error topic, a topic of records without metadata), read from a topic the
+    service ingests; its ``reason`` says which system and what its error was."""

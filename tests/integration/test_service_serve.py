@@ -99,6 +99,12 @@ def test_serve_without_settings_uses_the_local_stack_and_says_where_it_listens(
         ({"REDRIVE_REQUESTS_TOPIC": "bad topic!"}, "requests_topic (REDRIVE_REQUESTS_TOPIC)"),
         ({"REDRIVE_ROLES": '["intake", "juggler"]'}, "roles"),
         ({"REDRIVE_ALLOWED_DESTINATIONS": '["ok", "no spaces"]'}, "allowed_destinations"),
+        ({"REDRIVE_INGEST": '[{"topic": "no spaces!"}]'}, "ingest.0.topic (REDRIVE_INGEST)"),
+        ({"REDRIVE_INGEST": '[{"topic": "t", "format": "xml"}]'}, "ingest.0.format"),
+        (
+            {"REDRIVE_INGEST": '[{"topic": "^redrive\\\\.req.*"}]'},
+            "names the requests topic 'redrive.requests'",
+        ),
         (
             {
                 "REDRIVE_DATABASE_URL": "postgresql://nobody@127.0.0.1:1/none",

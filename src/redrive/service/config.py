@@ -13,7 +13,7 @@ import socket
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -24,10 +24,45 @@ from pydantic_settings import (
 from redrive.destinations import DestinationAllowlist, check_patterns
 from redrive.errors import ConfigError
 from redrive.headers import MAX_TOPIC_LENGTH, is_topic_name
+from redrive.service.ingest_formats import Format
 from redrive.topic_names import DLQ_TOPIC, REQUESTS_TOPIC
 
 Role = Literal["intake", "scheduler"]
 ALL_ROLES: tuple[Role, ...] = ("intake", "scheduler")
+
+
+class IngestTopic(BaseModel):
+    """A dead-letter topic (or a pattern of them) whose records intake stores as dead
+    letters, read as ``format`` (see :mod:`redrive.service.ingest_formats`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    topic: str = Field(
+        description="A topic name, or a regular expression starting with ^ (librdkafka's "
+        "subscription pattern, e.g. ^.*-dlt$)."
+    )
+    format: Format = Field(
+        "auto",
+        description="redrive, spring (Spring Kafka's dead-letter topics), connect (Kafka "
+        "Connect's error topics), raw (no metadata), or auto (recognised by the headers).",
+    )
+
+    @field_validator("topic")
+    @classmethod
+    def _topic_or_pattern(cls, value: str) -> str:
+        if value.startswith("^"):
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise ValueError(f"{value!r} is not a regular expression: {exc}") from None
+        elif not is_topic_name(value):
+            raise ValueError(f"{value!r} is not a legal Kafka topic name nor a ^pattern")
+        return value
+
+    def matches(self, topic: str) -> bool:
+        if self.topic.startswith("^"):
+            return re.search(self.topic, topic) is not None
+        return topic == self.topic
 
 
 class ServiceSettings(BaseSettings):
@@ -76,6 +111,12 @@ class ServiceSettings(BaseSettings):
         "when it is 0. Empty: no static membership. Each instance needs its own.",
     )
     roles: list[Role] = Field(default_factory=lambda: list(ALL_ROLES))
+    ingest: list[IngestTopic] = Field(
+        default_factory=list,
+        description="Dead-letter topics of other systems (or of redrive's Apps, "
+        "<topic>.dlq) whose records intake stores as dead letters, e.g. "
+        '[{"topic": "orders-dlt", "format": "spring"}, {"topic": "^.*\\.dlq$"}].',
+    )
     intake_batch_size: int = Field(500, ge=1, le=100_000)
     intake_linger_ms: int = Field(
         20,
@@ -116,6 +157,31 @@ class ServiceSettings(BaseSettings):
         ge=1,
         description="Most dead letters one replay request sends; it reports how many remain.",
     )
+
+    @model_validator(mode="after")
+    def _ingest_apart(self) -> ServiceSettings:
+        """Intake reads the requests topic as requests: it cannot also ingest it; and a
+        mirrored dead letter would be ingested again, and mirrored again, for ever."""
+        for source in self.ingest:
+            if source.matches(self.requests_topic):
+                raise ValueError(
+                    f"ingest: {source.topic!r} names the requests topic "
+                    f"{self.requests_topic!r}, which intake reads as retry requests"
+                )
+            if self.mirror_dead_letters and source.matches(self.dlq_topic):
+                raise ValueError(
+                    f"ingest: {source.topic!r} names dlq_topic {self.dlq_topic!r}, where "
+                    "mirror_dead_letters writes: each letter would come back for ever"
+                )
+        return self
+
+    def ingest_format(self, topic: str) -> Format | None:
+        """How intake reads a record of ``topic``: None for the requests topic, else the
+        format of the first ``ingest`` entry that names it."""
+        for source in self.ingest:
+            if source.matches(topic):
+                return source.format
+        return None
 
     @field_validator("requests_topic", "dlq_topic")
     @classmethod

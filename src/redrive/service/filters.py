@@ -129,6 +129,14 @@ class DeadLetterFilter(BaseModel):
     error_type: StorableText | None = _text(1024)
     text: StorableText | None = _text(1024, "Found anywhere in the error message (any case).")
     reason: StorableText | None = _text(1024, "A reason code, or text found in the reason.")
+    source: StorableText | None = _text(
+        64,
+        "Who made it a dead letter: intake, scheduler, or ingest:<format> (redrive, "
+        "spring, connect, raw) for one ingested from a dead-letter topic.",
+    )
+    ingested_from: StorableText | None = _text(
+        MAX_TOPIC_LENGTH, "The dead-letter topic it was ingested from."
+    )
     since: FilterTime | None = Field(
         None, description="Dead since this time (ISO 8601; without an offset: UTC)."
     )
@@ -165,6 +173,12 @@ class DeadLetterFilter(BaseModel):
         if self.reason is not None:
             clauses.append("(reason_code = %s OR reason ILIKE %s)")
             params += [self.reason, _like(self.reason)]
+        if self.source is not None:
+            clauses.append("source = %s")
+            params.append(self.source)
+        if self.ingested_from is not None:
+            clauses.append("source LIKE 'ingest:%%' AND request_topic = %s")
+            params.append(self.ingested_from)
         if self.since is not None:
             clauses.append("dead_at >= %s")
             params.append(self.since)

@@ -12,6 +12,12 @@ When PostgreSQL is down (or the broker cannot tell whether a destination exists)
 intake keeps the batch, pauses its partitions and keeps polling (so it stays in its
 consumer group without reading more), retries with backoff, and resumes once the
 batch is stored. Nothing is dropped and nothing is skipped.
+
+With ``ingest``, intake also reads dead-letter topics of other systems (and of
+redrive's Apps): each record becomes a dead letter of its own
+(:func:`redrive.service.ingest_formats.ingest`), stored in the same batches with
+the same guarantees (the unique index on its DLQ coordinates makes a record read
+twice one dead letter; offsets are committed after the store commit).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from redrive.records import DeadLetterRecord, PendingRetry, Release
 from redrive.requests import Incoming, IntakeRules, classify
 from redrive.schedules import backoff_delay
 from redrive.service.config import ServiceSettings
+from redrive.service.ingest_formats import ingest
 from redrive.service.metrics import ServiceMetrics
 from redrive.service.store import Store, StoreUnavailable
 from redrive.topic_admin import MetadataUnavailable
@@ -45,6 +52,11 @@ INSTANCE_ID_SETTING = "instance_id (REDRIVE_INSTANCE_ID)"
 # How long a revocation waits for the batch being stored, to commit it before the
 # partitions go (an insert takes well under a second; the group waits for us longer).
 REVOKE_WAIT_S = 10.0
+
+
+def _ingested(letter: DeadLetterRecord) -> bool:
+    """Read from a dead-letter topic intake ingests, not refused as a request."""
+    return letter.source.startswith("ingest:")
 
 
 def _names(partitions: list[TopicPartition]) -> list[str]:
@@ -116,10 +128,18 @@ class Intake:
 
     def run(self) -> None:
         """Consume until `stop` is set; then close the consumer (leaving the group)."""
+        ingested = [source.topic for source in self.settings.ingest]
         self.consumer.subscribe(
-            [self.settings.requests_topic], on_revoke=self._on_revoke, on_lost=self._on_lost
+            [self.settings.requests_topic, *ingested],
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
         )
-        log.info("intake started", topic=self.settings.requests_topic, group=self.settings.group_id)
+        log.info(
+            "intake started",
+            topic=self.settings.requests_topic,
+            group=self.settings.group_id,
+            **({"ingests": ingested} if ingested else {}),
+        )
         writer = ThreadPoolExecutor(1, thread_name_prefix="redrive-intake-store")
         try:
             while not self.stop.is_set():
@@ -196,7 +216,8 @@ class Intake:
             incoming.append(Incoming.from_message(msg))
         if not incoming:
             return None
-        self.metrics.received.inc(len(incoming))
+        requests = self.settings.requests_topic
+        self.metrics.received.inc(sum(1 for item in incoming if item.topic == requests))
         classified = self._classify_waiting(incoming)
         if classified is None:
             return None
@@ -225,8 +246,9 @@ class Intake:
         self._commit(batch.incoming)
         for letter in batch.dead:
             assert letter.request is not None
-            # A consumer's own dead letter is business as usual; anything else was refused.
-            sent = letter.reason_code == DeadLetterReason.SENT_TO_DLQ
+            # A consumer's own dead letter is business as usual, and so is one ingested
+            # from a dead-letter topic; anything else was refused.
+            sent = letter.reason_code == DeadLetterReason.SENT_TO_DLQ or _ingested(letter)
             (log.info if sent else log.warning)(
                 "dead letter stored" if sent else "request refused",
                 topic=letter.request.topic,
@@ -249,7 +271,12 @@ class Intake:
                 pending: list[PendingRetry] = []
                 dead: list[DeadLetterRecord] = []
                 releases: list[Release] = []
+                requests = self.settings.requests_topic
                 for item in incoming:
+                    if item.topic != requests:  # a dead-letter topic intake ingests
+                        read_as = self.settings.ingest_format(item.topic) or "auto"
+                        dead.append(ingest(item, read_as).letter)
+                        continue
                     result = classify(item, self.rules, now)
                     if isinstance(result, PendingRetry):
                         pending.append(result)
@@ -270,7 +297,10 @@ class Intake:
         self.healthy = True
         self.metrics.scheduled.inc(len(batch.pending))
         for letter in batch.dead:
-            self.metrics.invalid.labels(letter.reason_code).inc()
+            if _ingested(letter):
+                self.metrics.ingested.labels(letter.source.removeprefix("ingest:")).inc()
+            else:
+                self.metrics.invalid.labels(letter.reason_code).inc()
             self.metrics.dead_lettered.labels(letter.reason_code).inc()
 
     def _store_failed(self, exc: StoreUnavailable, batch: _Batch, attempt: int) -> None:
@@ -357,6 +387,8 @@ class Intake:
         to stop intake (which would meet the same request again at every restart).
         A letter refused with its whole batch is sent again alone: only one refused
         alone has failed."""
+        # An ingested letter is in a dead-letter topic already: not copied again.
+        dead = [letter for letter in dead if not _ingested(letter)]
         if self.mirror is None or not dead:
             return
         for letter, error in self._mirror_batch(dead):

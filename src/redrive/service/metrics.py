@@ -104,6 +104,13 @@ class ServiceMetrics:
             ["reason"],
             registry=r,
         )
+        self.ingested = Counter(
+            "redrive_dead_letters_ingested",
+            "Dead letters ingested from dead-letter topics (the ingest setting), by the "
+            "format they were read as.",
+            ["format"],
+            registry=r,
+        )
         self.scheduled = Counter(
             "redrive_requests_scheduled", "Requests stored as pending retries.", registry=r
         )

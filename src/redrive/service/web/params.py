@@ -15,13 +15,25 @@ from redrive.service.actions import ActionRefused
 from redrive.service.filters import DeadLetterFilter, FilterError
 from redrive.service.operations import PendingHeld
 
-FILTER_FIELDS = ("topic", "group", "error_type", "text", "reason", "since", "until")
+FILTER_FIELDS = (
+    "topic",
+    "group",
+    "error_type",
+    "text",
+    "reason",
+    "source",
+    "ingested_from",
+    "since",
+    "until",
+)
 FILTER_LABELS = {
     "topic": "topic",
     "group": "group",
     "error_type": "error type",
     "text": "error text",
     "reason": "reason",
+    "source": "source",
+    "ingested_from": "ingested from",
     "since": "since",
     "until": "until",
 }
