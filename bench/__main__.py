@@ -23,7 +23,7 @@ from typing import Any
 
 import psutil
 
-from bench import consumer, kafka_raw, service
+from bench import consumer, kafka_raw, replay_jobs, service
 from bench.common import Result, fresh_database, print_table, private_stack
 from redrive.logs import configure
 
@@ -37,6 +37,7 @@ SIZES = {
         "consumer": 300_000,
         "consumer_service": 30_000,
         "spark": 200_000,
+        "replay": 5_000,
     },
     "quick": {
         "raw": 2_000,
@@ -47,9 +48,11 @@ SIZES = {
         "consumer": 2_000,
         "consumer_service": 1_000,
         "spark": 2_000,
+        "replay": 1_000,
     },
 }
-ALL = ["raw", "service", "precision", "pending", "consumer", "spark"]
+ALL = ["raw", "service", "precision", "pending", "consumer", "spark", "replay"]
+REPLAY_RATE = 500.0
 
 
 def machine() -> str:
@@ -214,6 +217,22 @@ def main(argv: list[str] | None = None) -> list[Result]:
                 )
         if "spark" in chosen:
             results += _spark(stack.bootstrap, size["spark"])
+        if "replay" in chosen:
+            r = replay_jobs.run(
+                stack.bootstrap, stack.database_url, size["replay"], REPLAY_RATE, workdir
+            )
+            print(f"replay job: {r}")
+            paced = r["job_s"] / r["target_s"]
+            results.append(
+                Result(
+                    "7 replay job",
+                    f"{paced:.2f}x of n/rate ({r['target_s']:.0f} s); raw "
+                    f"{r['raw_produce_per_s'] / r['achieved_per_s']:.0f}x faster",
+                    "0.8x to 1.2x",
+                    0.8 <= paced <= 1.2,
+                    _round(r),
+                )
+            )
     # The services' logs matter when a run fails (its error names them); not after.
     shutil.rmtree(workdir, ignore_errors=True)
     print_table(results)

@@ -287,12 +287,18 @@ def confirm(page: Page, button: str) -> None:
     dialog.get_by_role("button", name=button, exact=True).click()
 
 
-def audited(ui: Ui, action: str, letter_id: int) -> dict[str, Any]:
-    entries, _ = ui.ops.audit_log(limit=100)
-    for entry in entries:
-        if entry["action"] == action and letter_id in entry["ids"]:
-            return entry
-    raise AssertionError(f"no audit entry {action} for {letter_id}: {entries}")
+def audited(ui: Ui, action: str, letter_id: int, timeout_s: float = 10) -> dict[str, Any]:
+    """The audit entry of `action` on the letter; waits for it, since a replay job
+    writes its entry when it ends, just after its page shows it done."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        entries, _ = ui.ops.audit_log(limit=100)
+        for entry in entries:
+            if entry["action"] == action and letter_id in entry["ids"]:
+                return entry
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no audit entry {action} for {letter_id}: {entries}")
+        time.sleep(0.1)
 
 
 def delivered(collector: Collector, key: bytes, timeout_s: float = 20) -> Delivery:
@@ -480,13 +486,145 @@ def test_delete_one_and_bulk(ui: Ui, page: Page) -> None:
     try:
         page.get_by_role("button", name="Replay all 1").click()
         expect(page.locator("#confirm-text")).to_contain_text("error type 'shop.Timeout'")
+        expect(page.locator("#confirm-text")).to_contain_text("in the background")
         confirm(page, "Replay all 1")
-        expect(page.locator(".flash-ok")).to_have_text("Replayed 1 dead letter.")
+        # A bulk replay is a job: its page follows it until it is done.
+        page.wait_for_url(re.compile(r"/jobs/\d+$"))
+        job_id = int(page.url.rsplit("/", 1)[1])
+        expect(page.locator(".flash-ok")).to_have_text(
+            f"Replay job {job_id} started: 1 dead letter at 500/s."
+        )
+        page.evaluate("window.__samePage = true")  # gone if the page reloads
+        expect(page.locator("[data-job-state]")).to_have_text("done", timeout=30_000)
+        expect(page.locator("[data-job-summary]")).to_have_text("1 of 1 · sent 1 · failed 0")
+        expect(page.get_by_role("progressbar", name="Progress")).to_have_attribute("value", "1")
+        assert page.evaluate("window.__samePage") is True
         delivered(collector, remaining["msg_key"])
     finally:
         collector.close()
+    assert ui.ops.dead_letter(ids[2]) is None
+    started = audited(ui, "replay-job", ids[2])
+    assert started["filter"] == {"error_type": "shop.Timeout"}
+    assert started["detail"]["job"] == job_id
     entry = audited(ui, "replay", ids[2])
-    assert entry["filter"] == {"error_type": "shop.Timeout"}
+    assert (entry["actor"], entry["ids"]) == ("ui-operator", [ids[2]])
+    assert entry["detail"]["job"] == job_id
+
+
+def test_replay_job_progress_and_cancel(
+    ui: Ui, browser: Browser, page: Page, output_dir: Path
+) -> None:
+    (topic,) = _create_topics(ui.bootstrap, "slow")
+    flt = DeadLetterFilter(error_type="slow.Job")
+    letters = [
+        _dead(topic, "slow.Job", f"slow-{i}".encode(), b'{"slow": true}', offset=2000 + i)
+        for i in range(40)
+    ]
+    produce(ui.bootstrap, ui.service.settings.requests_topic, letters)
+    deadline = time.monotonic() + 30
+    while ui.ops.count_dead_letters(flt) < 40 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert ui.ops.count_dead_letters(flt) == 40
+
+    sign_in(page, ui.operator)
+    # At 4 a second, 40 letters take 10 s: time to watch it and cancel it. (The UI's
+    # bulk replay uses the service's rate; the API takes one.)
+    answer = page.request.post(
+        "/api/v1/dead-letters/replay",
+        headers={"Authorization": f"Bearer {ui.operator}"},
+        data={"filter": {"error_type": "slow.Job"}, "rate": 4},
+    )
+    assert answer.status == 202, answer.text()
+    job_id = answer.json()["job"]["id"]
+
+    page.goto(f"/jobs/{job_id}")
+    expect(page.locator("[data-job-state]")).to_have_text("running")
+    bar = page.get_by_role("progressbar", name="Progress")
+    page.evaluate("window.__samePage = true")  # gone if the page reloads
+    first = float(bar.evaluate("b => b.value"))
+    page.wait_for_function(
+        "v => document.querySelector('[data-job-bar]').value > v", arg=first, timeout=30_000
+    )
+    expect(page.locator("[data-job-summary]")).to_contain_text(re.compile(r" of 40 · sent \d+"))
+    assert page.evaluate("window.__samePage") is True
+    assert 0 < float(bar.evaluate("b => b.value")) < 40
+    shots = output_dir / "screenshots"
+    shots.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=shots / "job-progress.png", full_page=True)
+
+    # A viewer follows the same job in another window: no Cancel button for them.
+    viewer = browser.new_context(base_url=ui.url, viewport={"width": 1360, "height": 900})
+    try:
+        watcher = viewer.new_page()
+        sign_in(watcher, ui.viewer)
+        watcher.goto(f"/jobs/{job_id}")
+        expect(watcher.locator("[data-job-state]")).to_have_text("running")
+        expect(watcher.get_by_role("button", name="Cancel job…")).to_have_count(0)
+        expect(watcher.locator(".job-actions .notice")).to_contain_text("needs an operator")
+        watcher.evaluate("window.__samePage = true")
+        _cancel_job(page, job_id)
+        # The viewer's page sees the end without reloading.
+        expect(watcher.locator("[data-job-state]")).to_have_text("cancelled")
+        expect(watcher.locator("[data-job-finished] time")).to_be_visible()
+        expect(watcher.locator("dl.facts")).to_contain_text("Cancelled by")
+        expect(watcher.locator(".job-actions")).to_be_hidden()
+        expect(watcher.locator("[data-job-summary]")).to_contain_text("cancelled")
+        assert watcher.evaluate("window.__samePage") is True
+    finally:
+        viewer.close()
+
+    # What it did not send stays: every letter is sent or cancelled (a batch being sent
+    # when the cancel came is recorded just after).
+    deadline = time.monotonic() + 10
+    while True:
+        job = ui.ops.replay_job(job_id)
+        assert job is not None
+        if job["sent"] + job["cancelled"] == 40 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert (job["state"], job["sent"] + job["cancelled"]) == ("cancelled", 40)
+    assert 0 < job["sent"] < 40
+    assert ui.ops.count_dead_letters(flt) == job["cancelled"]
+    left = ui.ops.dead_letter_ids(flt, limit=1)[0]
+    assert audited(ui, "replay-job", left)["detail"]["job"] == job_id
+    entries, _ = ui.ops.audit_log(limit=20)
+    [cancel] = [e for e in entries if e["action"] == "cancel-replay-job"]
+    assert (cancel["actor"], cancel["detail"]["job"]) == ("ui-operator", job_id)
+
+    # The list shows it; g j goes there from any page.
+    page.keyboard.press("g")
+    page.keyboard.press("j")
+    page.wait_for_url("**/jobs")
+    row = page.locator(f'tr[data-id="{job_id}"]')
+    expect(row).to_contain_text("cancelled")
+    expect(row).to_contain_text("error type 'slow.Job'")
+    page.screenshot(path=shots / "jobs.png", full_page=True)
+    row.click()
+    page.wait_for_url(f"**/jobs/{job_id}")
+
+    # What the page polls; ids no job can have, and a cursor the list did not give.
+    assert page.request.get(f"/jobs/{job_id}.json").json()["state"] == "cancelled"
+    for path in ("/jobs/999999999", f"/jobs/{2**64}", f"/jobs/{2**64}.json"):
+        assert page.request.get(path).status == 404, path
+    bad_cursor = page.request.get("/jobs?cursor=%00not-a-cursor")
+    assert bad_cursor.status == 200 and "is not one this API returned" in bad_cursor.text()
+    missing = page.goto("/jobs/999999999")
+    assert missing is not None and missing.status == 404
+    expect(page.get_by_role("heading", name="Not found")).to_be_visible()
+
+
+def _cancel_job(page: Page, job_id: int) -> None:
+    """Cancel the job through its page's button, which lands on the page again."""
+    page.get_by_role("button", name="Cancel job…").click()
+    expect(page.locator("#confirm-text")).to_have_text(
+        f"Cancel replay job {job_id}? The dead letters it has not sent yet stay dead letters."
+    )
+    confirm(page, "Cancel job")
+    expect(page.locator(".flash-ok")).to_contain_text(f"Replay job {job_id} cancelled:")
+    expect(page.locator("[data-job-state]")).to_have_text("cancelled")
+    expect(page.locator("dl.facts")).to_contain_text("Cancelled by")
+    expect(page.locator("dl.facts")).to_contain_text("ui-operator")
+    expect(page.get_by_role("button", name="Cancel job…")).to_have_count(0)
 
 
 def test_payloads_are_shown_as_text(ui: Ui, page: Page) -> None:

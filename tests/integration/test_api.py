@@ -7,6 +7,7 @@ import json
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import psycopg
@@ -222,10 +223,26 @@ def test_replay_a_filter_delete_selections_and_export(env: Env) -> None:
         headers=env.operator,
         json={"filter": {"error_type": "billing.Timeout"}, "rate": 100},
     )
-    assert result.status_code == 200, result.text
-    assert result.json()["replayed"] == 3 and result.json()["remaining"] == 0
+    assert result.status_code == 202, result.text
+    job = result.json()["job"]
+    assert result.json()["remaining"] == 0
+    assert (job["total"], job["actor"], job["rate"]) == (3, "olivia", 100)
+    assert result.headers["location"] == f"/api/v1/jobs/{job['id']}"
+    done = wait_for_job(env, job["id"])
+    assert (done["state"], done["sent"], done["settled"], done["progress"]) == ("done", 3, 3, 1.0)
     assert len(collector.poll_until(3, 20)) == 3
     collector.close()
+    assert [j["id"] for j in env.api.get("/api/v1/jobs").json()["items"]] == [job["id"]]
+    # Nothing is left to replay, and an ended job cannot be cancelled.
+    again = env.api.post(
+        "/api/v1/dead-letters/replay",
+        headers=env.operator,
+        json={"filter": {"error_type": "billing.Timeout"}},
+    )
+    assert again.status_code == 400 and "no dead letter matches" in again.json()["detail"]
+    ended = env.api.post(f"/api/v1/jobs/{job['id']}/cancel", headers=env.operator)
+    assert ended.status_code == 409 and "done already" in ended.json()["detail"]
+    assert env.api.get("/api/v1/jobs/999999").status_code == 404
     exported = env.api.get("/api/v1/dead-letters/export", params={"error_type": "billing.Bad"})
     lines = [json.loads(line) for line in exported.text.splitlines()]
     assert exported.headers["content-type"].startswith("application/x-ndjson")
@@ -244,7 +261,16 @@ def test_replay_a_filter_delete_selections_and_export(env: Env) -> None:
     assert by_filter.json()["deleted"] == 1  # the invalid request was all that was left
     assert ids_of(env) == []
     actions = [a["action"] for a in env.api.get("/api/v1/audit").json()["items"]]
-    assert actions == ["delete", "delete", "delete", "replay"]
+    # The job's creation, then what it sent (written by the job when it ended).
+    assert actions == ["delete", "delete", "delete", "replay", "replay-job"]
+
+
+def wait_for_job(env: Env, job_id: int, timeout_s: float = 30) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while (job := env.api.get(f"/api/v1/jobs/{job_id}").json())["state"] == "running":
+        assert time.monotonic() < deadline, f"replay job {job_id} did not end: {job}"
+        time.sleep(0.1)
+    return job
 
 
 def test_pending_list_get_retry_now_and_cancel(env: Env) -> None:
@@ -529,8 +555,12 @@ def test_openapi_describes_what_the_api_answers(env: Env) -> None:
         ("/api/v1/dead-letters", "get"): {"400", "401", "422"},
         ("/api/v1/dead-letters/{letter_id}", "get"): {"401", "404", "422"},
         ("/api/v1/dead-letters/{letter_id}", "delete"): {"401", "403", "404", "422"},
-        ("/api/v1/dead-letters/{letter_id}/replay", "post"): {"400", "401", "403", "404", "422"},
-        ("/api/v1/dead-letters/replay", "post"): {"400", "401", "403", "413", "422"},
+        ("/api/v1/dead-letters/{letter_id}/replay", "post"): {
+            *("400", "401", "403", "404", "409", "422"),
+        },
+        ("/api/v1/dead-letters/replay", "post"): {"400", "401", "403", "409", "413", "422"},
+        ("/api/v1/jobs/{job_id}", "get"): {"401", "404", "422"},
+        ("/api/v1/jobs/{job_id}/cancel", "post"): {"401", "403", "404", "409", "422"},
         ("/api/v1/pending/{pending_id}/cancel", "post"): {"401", "403", "404", "422"},
         ("/api/v1/whoami", "get"): {"401"},
     }
@@ -568,6 +598,7 @@ def test_a_405_names_every_method_the_path_allows(env: Env) -> None:
         ("/api/v1/dead-letters/replay", "POST"),
         ("/api/v1/dead-letters", "GET"),
         ("/api/v1/pending/1/cancel", "POST"),
+        ("/api/v1/jobs/1", "GET"),
         ("/login", "GET, POST"),
     ]:
         for method in ("OPTIONS", "PUT", "PATCH"):

@@ -52,6 +52,7 @@ def test_every_benchmark_runs_and_reports_its_figures(tmp_path: Path) -> None:
         "6 spark latency, 1 record",
         "6 spark scheduler",
         "6 spark scheduler lateness",
+        "7 replay job",
     ]
     assert sorted(results) == sorted(expected)
     # Every message came back (the benchmarks raise otherwise) and was counted.
@@ -67,5 +68,7 @@ def test_every_benchmark_runs_and_reports_its_figures(tmp_path: Path) -> None:
     assert lateness["n"] == 6_000  # 2,000/s for 3 s
     assert lateness["early"] == 0, "the Spark scheduler delivered a retry before it was due"
     assert results["6 spark latency, 1 record"]["figures"]["samples"] == 5
+    replay = results["7 replay job"]["figures"]
+    assert replay["n"] == 1_000 and replay["progress_steps_seen"] > 1
     # The table is printed ratio first, then the figures.
     assert "1.00x (the limit)" in run.stdout

@@ -85,6 +85,7 @@ def registries() -> list[CollectorRegistry]:
     service.dead_lettered.labels(reason="sent_to_dlq").inc()
     service.store_errors.labels(operation="insert").inc()
     service.delivery_errors.labels(error="timeout").inc()
+    service.ingested.labels(format="spring").inc()
     consumer = ConsumerMetrics()
     consumer.records.labels(topic="orders", outcome="handled").inc()
     consumer.breaker_state.labels(topic="orders").set(1)

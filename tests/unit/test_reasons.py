@@ -27,6 +27,7 @@ def test_the_codes_are_the_stored_values() -> None:
         "SENT_TO_DLQ": "sent_to_dlq",
         "DELIVERY_FAILED": "delivery_failed",
         "CANCELLED": "cancelled",
+        "INGESTED": "ingested",
     }
 
 

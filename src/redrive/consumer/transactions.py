@@ -82,13 +82,18 @@ class Transactions:
 
     @staticmethod
     def _retry(call: Callable[[], object]) -> None:
-        """A transactional call, again while the error is a passing one."""
-        for attempt in range(10):
-            try:
-                call()
-                return
-            except KafkaException as exc:
-                error = exc.args[0]
-                if not error.retriable() or attempt == 9:
-                    raise
-                log.info("transactional call failed; trying again", error=error.str())
+        retry_transactional(call)
+
+
+def retry_transactional(call: Callable[[], object]) -> None:
+    """A transactional call (init, offsets, commit, abort), again while the error is a
+    passing one."""
+    for attempt in range(10):
+        try:
+            call()
+            return
+        except KafkaException as exc:
+            error = exc.args[0]
+            if not error.retriable() or attempt == 9:
+                raise
+            log.info("transactional call failed; trying again", error=error.str())

@@ -34,6 +34,7 @@ from redrive.service.filters import (
 )
 from redrive.service.operations import Operations
 from redrive.service.replay import Edit, Replayer, ReplayRefused
+from redrive.service.store import JobOverlap
 
 
 class ActionRefused(Exception):
@@ -160,8 +161,7 @@ class Selection(BaseModel):
 class ReplayMany(Selection):
     destination: Destination | None = Field(None, max_length=MAX_TOPIC_LENGTH)
     keep: StrictBool = False
-    # At least one a second: the replay runs inside the request, which a slower pace
-    # would hold open for hours (and a tiny one overflows the client's poll timeout).
+    # At least one a second: slower, a job of the largest selection would run for days.
     rate: float | None = Field(None, ge=1, le=100_000, description="Messages per second.")
 
 
@@ -171,6 +171,7 @@ class OperatorActions:
         operations: Operations,
         replayer: Replayer,
         wake_scheduler: Callable[[], None],
+        wake_replay_jobs: Callable[[], None],
         *,
         replay_rate_per_second: float,
         replay_max_per_request: int,
@@ -178,6 +179,7 @@ class OperatorActions:
         self._ops = operations
         self._replayer = replayer
         self._wake_scheduler = wake_scheduler
+        self._wake_replay_jobs = wake_replay_jobs
         self._rate_per_second = replay_rate_per_second
         self._max_per_request = replay_max_per_request
 
@@ -223,6 +225,10 @@ class OperatorActions:
         row = self._ops.dead_letter(letter_id)
         if row is None:
             raise ActionRefused(404, f"no dead letter {letter_id}")
+        if (job := self._ops.live_replay_job_of([letter_id])) is not None:
+            raise ActionRefused(
+                409, f"dead letter {letter_id} is still to be sent by replay job {job}"
+            )
         edit = None
         if body.value is not None or body.headers is not None:
             edit = Edit(
@@ -249,11 +255,67 @@ class OperatorActions:
         return ops.dead_letters_by_id(ids), max(total - len(ids), 0)
 
     def replay_many(self, who: Principal, body: ReplayMany) -> dict[str, Any]:
+        """Start a replay job (:mod:`redrive.service.replay_jobs`) over the selection,
+        after checking every destination; it runs in the background."""
+        ops = self._ops
         rows, remaining = self._select(body)
-        result = self._replay(
-            who, rows, body.destination, body.keep, body.rate, None, "replay", body.filter
+        if not rows:
+            raise ActionRefused(400, "nothing to replay: no dead letter matches")
+        try:
+            for row in rows:
+                self._replayer.destination_of(row, body.destination)
+        except ReplayRefused as exc:
+            raise ActionRefused(400, str(exc)) from None
+        ids = [int(r["id"]) for r in rows]
+        rate = body.rate or self._rate_per_second
+        try:
+            job_id = ops.create_replay_job(
+                actor=who.name,
+                role=who.role,
+                destination=body.destination,
+                keep=body.keep,
+                rate=rate,
+                flt=body.filter,
+                ids=ids,
+            )
+        except JobOverlap as exc:
+            raise ActionRefused(409, f"{exc}: wait for it to end, or cancel it") from None
+        ops.audit(
+            actor=who.name,
+            role=who.role,
+            action="replay-job",
+            ids=ids,
+            flt=body.filter,
+            count=len(ids),
+            detail={
+                "job": job_id,
+                "destination": body.destination,
+                "kept": body.keep,
+                "rate": rate,
+            },
         )
-        return {**result, "remaining": remaining}
+        self._wake_replay_jobs()
+        job = ops.replay_job(job_id)
+        assert job is not None
+        return {"job": job, "remaining": remaining}
+
+    def cancel_replay_job(self, who: Principal, job_id: int) -> dict[str, Any]:
+        ops = self._ops
+        before = ops.cancel_replay_job(job_id, who.name)
+        if before is None:
+            raise ActionRefused(404, f"no replay job {job_id}")
+        if before != "running":
+            raise ActionRefused(409, f"replay job {job_id} is {before} already")
+        job = ops.replay_job(job_id)
+        assert job is not None
+        ops.audit(
+            actor=who.name,
+            role=who.role,
+            action="cancel-replay-job",
+            count=int(job["cancelled"]),
+            detail={"job": job_id, "sent": int(job["sent"])},
+        )
+        return {"job": job}
 
     def delete_one(self, who: Principal, letter_id: int) -> dict[str, Any]:
         ops = self._ops

@@ -141,6 +141,53 @@ class Operations:
         # wakes the schedulers).
         return self.pending_one(pending_id) is None
 
+    # ---------------------------------------------------------------- replay jobs
+
+    def create_replay_job(
+        self,
+        *,
+        actor: str,
+        role: str,
+        destination: str | None,
+        keep: bool,
+        rate: float,
+        flt: DeadLetterFilter | None,
+        ids: Sequence[int],
+    ) -> int:
+        """A running job over `ids`; JobOverlap if a running job still has some."""
+        return self.store.replay_jobs.create(
+            actor=actor,
+            role=role,
+            destination=destination,
+            keep=keep,
+            rate=rate,
+            filter_json=None if flt is None else flt.model_dump_json(exclude_none=True),
+            ids=ids,
+        )
+
+    def replay_job(self, job_id: int) -> Row | None:
+        """The job with its counts (sent, failed, gone, cancelled) and refusals."""
+        job = self.store.replay_jobs.get(job_id)
+        if job is not None:
+            job["failures"] = self.store.replay_jobs.failures(job_id) if job["failed"] else []
+        return job
+
+    def replay_jobs(
+        self, *, limit: int = 50, cursor: str | None = None
+    ) -> tuple[list[Row], str | None]:
+        before_id = decode_cursor(cursor, 1)[0] if cursor else None
+        rows = self.store.replay_jobs.newest(before_id=before_id, limit=limit + 1)
+        return _page(rows, limit, "id")
+
+    def live_replay_job_of(self, ids: Sequence[int]) -> int | None:
+        """A running job that still has some of these letters to send."""
+        found = self.store.replay_jobs.live_job_of(ids)
+        return None if found is None else found[0]
+
+    def cancel_replay_job(self, job_id: int, who: str) -> str | None:
+        """Cancel a running job; the state it had (None: no such job)."""
+        return self.store.replay_jobs.cancel(job_id, who)
+
     # ---------------------------------------------------------------- stats
 
     def stats(self) -> dict[str, Any]:

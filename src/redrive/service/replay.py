@@ -33,6 +33,21 @@ class Edit:
     headers: list[Header] | None = None
 
 
+def replayed_message(
+    row: dict[str, Any], edit: Edit | None = None
+) -> tuple[bytes | None, list[Header]]:
+    """The value and headers a dead letter is replayed with (its key is unchanged):
+    the user's headers only, edited if asked."""
+    headers = [(k, v) for k, v in row["headers"] if not is_redrive_header(k)]
+    value = row["msg_value"]
+    if edit is not None:
+        value = edit.value if edit.value is not None else value
+        if edit.headers is not None:
+            # Edited headers cannot forge redrive metadata either.
+            headers = [(k, v) for k, v in edit.headers if not is_redrive_header(k)]
+    return value, headers
+
+
 class Replayer:
     def __init__(
         self,
@@ -68,13 +83,7 @@ class Replayer:
         acked: list[int] = []
         started = time.monotonic()
         for index, (row, target) in enumerate(zip(rows, targets, strict=True)):
-            headers = [(k, v) for k, v in row["headers"] if not is_redrive_header(k)]
-            value = row["msg_value"]
-            if edit is not None:
-                value = edit.value if edit.value is not None else value
-                if edit.headers is not None:
-                    # Edited headers cannot forge redrive metadata either.
-                    headers = [(k, v) for k, v in edit.headers if not is_redrive_header(k)]
+            value, headers = replayed_message(row, edit)
 
             def done(err: KafkaError | None, msg: Message, row_id: int = row["id"]) -> None:
                 if err is None:  # a refused message is left out: its dead letter stays

@@ -1,8 +1,9 @@
 """`redrive serve`: intake, scheduler and the dead-letter store in one process.
 
 The roles run as threads around one PostgreSQL store: intake (requests topic ->
-store), scheduler (store -> destinations), a LISTEN connection that wakes the
-scheduler across instances, and the HTTP server (/metrics, /healthz, /readyz).
+store), scheduler (store -> destinations) with the bulk replay jobs, a LISTEN
+connection that wakes the scheduler across instances, and the HTTP server (/metrics,
+/healthz, /readyz).
 Any number of processes may run against one database; each takes its share.
 
 The service is given its Kafka bootstrap and database URL; `redrive serve` with
@@ -36,6 +37,7 @@ from redrive.service.metrics import ServiceMetrics
 from redrive.service.notify import listen
 from redrive.service.operations import Operations
 from redrive.service.replay import Replayer
+from redrive.service.replay_jobs import ReplayJobRunner
 from redrive.service.scheduler import Scheduler
 from redrive.service.store import Store, StoreUnavailable
 from redrive.sizes import producer_size_limit
@@ -62,6 +64,7 @@ class RetryService:
         self.http_port: int | None = None
         self.intake: Intake | None = None
         self.scheduler: Scheduler | None = None
+        self.replay_jobs: ReplayJobRunner | None = None
         self._http: uvicorn.Server | None = None
         self.store: Store | None = None
         self._admin: AdminClient | None = None
@@ -142,6 +145,18 @@ class RetryService:
             )
             self._spawn("scheduler", self.scheduler.run)
             self._spawn("notify", lambda: listen(self.database_url, self._wake, self.stop_event))
+            # Bulk replays send to the destinations too: they run where the scheduler does.
+            self.replay_jobs = ReplayJobRunner(
+                self.store.replay_jobs,
+                self.store.dead_letters_by_id,
+                self.replayer,
+                kafka_config=self.kafka_config,
+                producer_config=producer_config,
+                transactional_prefix=f"redrive.{s.group_id}.replay-job-",
+                audit=self.operations.audit,
+                stop_event=self.stop_event,
+            )
+            self._spawn("replay-jobs", self.replay_jobs.run)
         if "intake" in s.roles:
             rules = IntakeRules(
                 # Settings are fixed for the process: each destination is matched once.
@@ -181,6 +196,10 @@ class RetryService:
 
     def wake_scheduler(self) -> None:
         self._wake(0)
+
+    def wake_replay_jobs(self) -> None:
+        if self.replay_jobs is not None:
+            self.replay_jobs.wake()
 
     def _wake(self, due_ms: int) -> None:
         if self.scheduler is not None:
@@ -240,6 +259,8 @@ class RetryService:
             checks["intake"] = self.intake.healthy
         if self.scheduler is not None:
             checks["scheduler"] = self.scheduler.healthy
+        if self.replay_jobs is not None:
+            checks["replay_jobs"] = self.replay_jobs.healthy
         checks["running"] = not self.stop_event.is_set()
         return checks
 
@@ -260,6 +281,7 @@ class RetryService:
         # Drop the Kafka clients now rather than whenever the service object goes.
         self.intake = None
         self.scheduler = None
+        self.replay_jobs = None
         self._admin = None
         self.replayer = None  # type: ignore[assignment]  # holds the metadata admin client
 

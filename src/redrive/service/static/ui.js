@@ -1,4 +1,5 @@
-// redrive web UI: keyboard shortcuts, confirmations, live relative times.
+// redrive web UI: keyboard shortcuts, confirmations, live relative times, a running
+// replay job's live progress.
 // Progressive enhancement only: every page and form works without this file
 // (the server asks for confirmation on a page of its own instead).
 "use strict";
@@ -197,7 +198,7 @@
     const key = event.key;
     if (goPrefix && Date.now() - goPrefix < 1500) {
       goPrefix = 0;
-      const to = { o: "/", p: "/pending", d: "/dead-letters" }[key];
+      const to = { o: "/", p: "/pending", d: "/dead-letters", j: "/jobs" }[key];
       if (to) {
         event.preventDefault();
         window.location.assign(to);
@@ -248,6 +249,92 @@
     }
   });
 
+  // ------------------------------------------------------------ replay job progress
+
+  // A running job's page follows the job until it ends: the page's own JSON route
+  // (/jobs/{id}.json, read with the session cookie as the page was; the REST API
+  // takes bearer tokens only), one request at a time, every half second.
+  const POLL_MS = 500;
+
+  function utc(iso) {
+    const at = new Date(iso);
+    return Number.isNaN(at.getTime()) ? null : at;
+  }
+
+  function showFinished(cell, iso) {
+    const at = utc(iso);
+    if (!cell || !at) return;
+    const absolute = `${at.toISOString().slice(0, 19).replace("T", " ")} UTC`;
+    const time = document.createElement("time");
+    time.dateTime = at.toISOString();
+    time.title = absolute;
+    time.dataset.rel = "";
+    const abs = document.createElement("span");
+    abs.className = "abs";
+    abs.textContent = absolute;
+    cell.replaceChildren(time, document.createElement("br"), abs);
+    refreshTimes();
+  }
+
+  function showJob(root, job) {
+    const badge = $("[data-job-state]", root);
+    if (badge) {
+      badge.textContent = job.state;
+      badge.className = `badge badge-job-${job.state}`;
+    }
+    const bar = $("[data-job-bar]", root);
+    if (bar) {
+      bar.max = job.total;
+      bar.value = job.settled;
+      bar.textContent = `${job.percent}%`;
+    }
+    const percent = $("[data-job-percent]", root);
+    if (percent) percent.textContent = `${job.percent}%`;
+    for (const count of $$("[data-job-count]", root)) {
+      count.textContent = Number(job[count.dataset.jobCount]).toLocaleString("en-US");
+    }
+    const summary = $("[data-job-summary]", root);
+    if (summary && summary.textContent !== job.summary) summary.textContent = job.summary;
+    if (job.state === "running") return;
+    root.dataset.state = job.state;
+    // The live region was busy while the job ran: screen readers now read the outcome.
+    if (summary) summary.setAttribute("aria-busy", "false");
+    for (const element of $$("[data-job-while-running]", root)) element.hidden = true;
+    showFinished($("[data-job-finished]", root), job.finished_at);
+    const cancelledBy = $("[data-job-cancelled-by]", root);
+    if (cancelledBy && job.cancelled_by) {
+      $("[data-job-cancelled-by-name]", cancelledBy).textContent = job.cancelled_by;
+      cancelledBy.hidden = false;
+    }
+  }
+
+  function followJob(root) {
+    const url = `/jobs/${encodeURIComponent(root.dataset.job)}.json`;
+    const failuresShown = Number(root.dataset.failures || 0);
+    const poll = () => {
+      if (document.hidden) {
+        // Not from a tab nobody looks at: go on when it is shown again.
+        document.addEventListener("visibilitychange", poll, { once: true });
+        return;
+      }
+      fetch(url, { credentials: "same-origin", cache: "no-store", headers: { Accept: "application/json" } })
+        .then((response) => {
+          // Sent to sign in (the session ended) or the job is gone: stop following.
+          if (!response.ok || response.redirected) return null;
+          return response.json();
+        })
+        .then((job) => {
+          if (!job) return;
+          showJob(root, job);
+          if (job.state === "running") setTimeout(poll, POLL_MS);
+          // The refusals are listed by the server: reload once to show them.
+          else if (job.failures.length > failuresShown) window.location.reload();
+        })
+        .catch(() => setTimeout(poll, 4 * POLL_MS)); // the service did not answer: later
+    };
+    setTimeout(poll, POLL_MS);
+  }
+
   // ------------------------------------------------------------ start
 
   for (const button of $$("[data-shortcuts]")) {
@@ -262,6 +349,8 @@
     });
   }
   for (const form of $$("form[data-bulk]")) showSelection(form);
+  const job = $("[data-job]");
+  if (job && job.dataset.state === "running") followJob(job);
   if (window.location.hash === "#search") focusSearch();
   refreshTimes();
   setInterval(refreshTimes, 1000);

@@ -9,6 +9,7 @@ its one door. Callers get typed methods, never a connection:
 - :mod:`.dead_letters`, :mod:`.pending`: what operators browse, delete and retry;
 - :mod:`.stats`: the per-minute counters and the dashboard's totals;
 - :mod:`.audit`: the log of operator actions;
+- :mod:`.replay_jobs`: bulk replays run in the background (``Store.replay_jobs``);
 - :mod:`.tokens`: the API tokens' names, roles and digests;
 - :mod:`.wakeups`: the NOTIFY that wakes schedulers for rows due sooner;
 - :mod:`.rows`: values between Python and the columns.
@@ -41,6 +42,7 @@ from redrive.service.store import (
 from redrive.service.store.audit import AuditEntry
 from redrive.service.store.claims import Claim, ClaimedRetry, DeadRow, Settlement
 from redrive.service.store.pending import MadeDue
+from redrive.service.store.replay_jobs import JobOverlap, Placed, ReplayJobStore
 from redrive.service.store.rows import Condition, Row
 from redrive.service.store.wakeups import NOTIFY_CHANNEL
 
@@ -51,7 +53,10 @@ __all__ = [
     "ClaimedRetry",
     "Condition",
     "DeadRow",
+    "JobOverlap",
     "MadeDue",
+    "Placed",
+    "ReplayJobStore",
     "Row",
     "Settlement",
     "Store",
@@ -107,6 +112,7 @@ class Store:
             f"-c idle_in_transaction_session_timeout={max(int(claim_timeout_s * 1000), 1)}"
         )
         self.relaxed = _pool(url, "redrive-store-relaxed", 2, reconnect_max_s, options=relaxed)
+        self.replay_jobs = ReplayJobStore(self._conn)
 
     def open(self, *, wait_s: float = 30.0) -> None:
         """Open the pools, waiting for the database; then bring the schema up to date."""

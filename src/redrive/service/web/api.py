@@ -1,4 +1,5 @@
-"""The REST API under /api/v1: dead letters, pending retries, stats, the audit log.
+"""The REST API under /api/v1: dead letters, pending retries, replay jobs, stats, the
+audit log.
 
 Reads are open to anyone who can reach the port unless `require_token_for_reads`
 is set (then a viewer token is needed); every mutation needs an operator token
@@ -12,7 +13,7 @@ import json
 from collections.abc import Iterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Security
+from fastapi import APIRouter, Depends, HTTPException, Path, Query, Request, Response, Security
 from fastapi.responses import StreamingResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict
@@ -35,6 +36,7 @@ from redrive.service.web.representations import (
     pending_view,
     queue_item,
     queue_view,
+    replay_job_view,
 )
 
 NDJSON = "application/x-ndjson"
@@ -56,9 +58,10 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
         "allowed, or a body that is not JSON",
         401: "No token, an unknown or revoked one, or a malformed Authorization header",
         403: "The token's role may not do this (operator needed)",
-        404: "No such dead letter or pending retry",
-        409: "Refused by a key queue's order: the pending retry waits behind its key's "
-        "head, or was delivered and waits for its consumer",
+        404: "No such dead letter, pending retry or replay job",
+        409: "Refused by a key queue's order (the pending retry waits behind its key's "
+        "head, or was delivered and waits for its consumer), or by a replay job (the "
+        "dead letters are still to be sent by a running job; the job has ended)",
         413: "The request body is over max_request_bytes",
         422: "A malformed parameter or body; the detail names the field",
         502: "The broker did not acknowledge the replayed message",
@@ -86,6 +89,7 @@ class PendingQuery(PendingFilter):
 # `replay` or `export` from matching an id route).
 LetterId = Annotated[int, Path(ge=1, le=INT64_MAX)]
 PendingId = Annotated[int, Path(ge=1, le=INT64_MAX)]
+JobId = Annotated[int, Path(ge=1, le=INT64_MAX)]
 Cursor = Annotated[
     str | None,
     Query(
@@ -213,16 +217,25 @@ def get_dead_letter(who: Reader, ops: Ops, letter_id: LetterId) -> dict[str, Any
     return dead_letter_detail(row)
 
 
-@router.post("/dead-letters/{letter_id:int}/replay", responses=_errors(400, 403, 404, 413, 502))
+@router.post(
+    "/dead-letters/{letter_id:int}/replay", responses=_errors(400, 403, 404, 409, 413, 502)
+)
 def replay_one(
     who: Operator, actions: Actions, letter_id: LetterId, body: ReplayOne | None = None
 ) -> dict[str, Any]:
     return actions.replay_one(who, letter_id, body)
 
 
-@router.post("/dead-letters/replay", responses=_errors(400, 403, 413))
-def replay_many(who: Operator, actions: Actions, body: ReplayMany) -> dict[str, Any]:
-    return actions.replay_many(who, body)
+@router.post("/dead-letters/replay", status_code=202, responses=_errors(400, 403, 409, 413))
+def replay_many(
+    who: Operator, actions: Actions, body: ReplayMany, response: Response
+) -> dict[str, Any]:
+    """Start a replay job over the selection; it runs in the background (follow it at
+    the `Location` answered, GET /api/v1/jobs/{job_id})."""
+    started = actions.replay_many(who, body)
+    job = replay_job_view(started["job"])
+    response.headers["location"] = f"/api/v1/jobs/{job['id']}"
+    return {"job": job, "remaining": started["remaining"]}
 
 
 @router.delete("/dead-letters/{letter_id:int}", responses=_errors(403, 404))
@@ -283,6 +296,29 @@ def retry_now(who: Operator, actions: Actions, pending_id: PendingId) -> dict[st
 @router.post("/pending/{pending_id:int}/cancel", responses=_errors(403, 404))
 def cancel(who: Operator, actions: Actions, pending_id: PendingId) -> dict[str, Any]:
     return actions.cancel(who, pending_id)
+
+
+# ------------------------------------------------------------------ replay jobs
+
+
+@router.get("/jobs", responses=_errors(400), openapi_extra=READ)
+def list_jobs(who: Reader, ops: Ops, limit: Limit = 50, cursor: Cursor = None) -> dict[str, Any]:
+    rows, nxt = ops.replay_jobs(limit=limit, cursor=cursor)
+    return {"items": [replay_job_view(r) for r in rows], "next_cursor": nxt}
+
+
+@router.get("/jobs/{job_id:int}", responses=_errors(404), openapi_extra=READ)
+def get_job(who: Reader, ops: Ops, job_id: JobId) -> dict[str, Any]:
+    job = ops.replay_job(job_id)
+    if job is None:
+        raise HTTPException(404, f"no replay job {job_id}")
+    return replay_job_view(job)
+
+
+@router.post("/jobs/{job_id:int}/cancel", responses=_errors(403, 404, 409))
+def cancel_job(who: Operator, actions: Actions, job_id: JobId) -> dict[str, Any]:
+    """Stop a running job: the letters it has not sent stay dead letters."""
+    return replay_job_view(actions.cancel_replay_job(who, job_id)["job"])
 
 
 # ------------------------------------------------------------------ stats, audit

@@ -51,6 +51,7 @@ class Service(Protocol):
     def metrics(self) -> ServiceMetrics: ...
     def readiness(self) -> dict[str, bool]: ...
     def wake_scheduler(self) -> None: ...
+    def wake_replay_jobs(self) -> None: ...
 
 
 class ServiceApp(FastAPI):
@@ -75,6 +76,7 @@ def collaborators_of(service: Service) -> Collaborators:
             operations,
             service.replayer,
             service.wake_scheduler,
+            service.wake_replay_jobs,
             replay_rate_per_second=settings.replay_rate_per_second,
             replay_max_per_request=settings.replay_max_per_request,
         ),

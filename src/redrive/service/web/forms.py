@@ -1,4 +1,5 @@
-"""The web UI's forms (POST): operator actions, sign-in and sign-out.
+"""The web UI's forms (POST): operator actions (a bulk replay starts a replay job, whose
+page follows it; a job can be cancelled), sign-in and sign-out.
 
 Every action form is checked the same way before it runs (`form_action`): its CSRF
 token (session.py), then that the session holds an operator token. It then calls the
@@ -25,9 +26,11 @@ from redrive.service.actions import (
     Selection,
 )
 from redrive.service.auth import ANONYMOUS, Principal, Tokens
+from redrive.service.filters import INT64_MAX
 from redrive.service.operations import Operations
 from redrive.service.web import session
 from redrive.service.web.deps import Actions, Ops, PagesDep, TokenBook
+from redrive.service.web.pages import per_second
 from redrive.service.web.params import (
     REFUSALS,
     confirmed,
@@ -39,6 +42,7 @@ from redrive.service.web.params import (
     plural,
     query,
 )
+from redrive.service.web.representations import replay_job_view
 from redrive.service.web.templating import Pages
 
 NEEDS_OPERATOR = "This action needs an operator token: sign in with an operator token."
@@ -186,7 +190,10 @@ def bulk(p: Posted) -> Response:
         )
     if not confirmed(p.form):
         if verb == "replay":
-            question = f"Replay {what} to their topics? Each is deleted once the broker has it."
+            question = (
+                f"Replay {what} to their topics? A job sends them in the background, "
+                "paced; each is deleted once the broker has it."
+            )
         else:
             question = f"Delete {what}? This cannot be undone."
         button = "Replay" if verb == "replay" else "Delete"
@@ -210,15 +217,21 @@ def _replay_many(p: Posted, body: dict[str, Any], back: str) -> Response:
     except ValidationError as exc:
         return p.redirect(back, "error", explain(exc))
     try:
-        result = p.actions.replay_many(p.who, replay)
+        started = p.actions.replay_many(p.who, replay)
     except REFUSALS as exc:
         return p.redirect(back, "error", f"Replay refused: {explain(exc)}")
-    text = f"Replayed {plural(result['replayed'], 'dead letter')}."
-    if result["failed"]:
-        text += f" {len(result['failed']):,} not acknowledged by the broker (kept)."
-    if result.get("remaining"):
-        text += f" {result['remaining']:,} more match: replay again for the rest."
-    return p.redirect(back, "error" if result["failed"] else "ok", text)
+    job = replay_job_view(started["job"])
+    text = (
+        f"Replay job {job['id']} started: {plural(job['total'], 'dead letter')} "
+        f"at {per_second(job['rate'])}."
+    )
+    if started["remaining"]:
+        # Replaying again now would pick the letters this job still has to send.
+        text += (
+            f" {started['remaining']:,} more match: replay again for the rest once this job "
+            "is done."
+        )
+    return p.redirect(f"/jobs/{job['id']}", "ok", text)
 
 
 @form_action("/dead-letters/{letter_id:int}/replay")
@@ -276,6 +289,28 @@ def delete(p: Posted) -> Response:
     except REFUSALS as exc:
         return p.redirect(back, "error", f"Delete refused: {explain(exc)}")
     return p.redirect(back, "ok", f"Deleted dead letter {letter_id}.")
+
+
+# ------------------------------------------------------------------ replay jobs
+
+
+@form_action("/jobs/{job_id:int}/cancel")
+def cancel_job(p: Posted) -> Response:
+    job_id = p.path_id("job_id")
+    here = f"/jobs/{job_id}"
+    if not 1 <= job_id <= INT64_MAX:  # a bigserial id; PostgreSQL would refuse it
+        return p.redirect("/jobs", "error", f"Cancel refused: no replay job {job_id}")
+    if not confirmed(p.form):
+        question = (
+            f"Cancel replay job {job_id}? The dead letters it has not sent yet stay dead letters."
+        )
+        return p.confirm(question, "Cancel job", here, danger=True)
+    try:
+        job = p.actions.cancel_replay_job(p.who, job_id)["job"]
+    except REFUSALS as exc:
+        return p.redirect(here, "error", f"Cancel refused: {explain(exc)}")
+    unsent = plural(int(job["cancelled"]), "dead letter")
+    return p.redirect(here, "ok", f"Replay job {job_id} cancelled: {unsent} not sent (kept).")
 
 
 # ------------------------------------------------------------------ sign in and out

@@ -1,22 +1,26 @@
 """The web UI's pages (GET): the overview, pending retries, one key's queue of pending
-retries, dead letters, one dead letter, and sign-in. The forms they carry are handled
-in forms.py.
+retries, dead letters, one dead letter, replay jobs, one replay job (and its progress
+as JSON, which the job page polls), and sign-in. The forms they carry are handled in
+forms.py.
 
 Reads are open unless `require_token_for_reads`; then a visitor without a viewer or
 operator session is sent to sign in (or, on a link from another site, which
 SameSite=Strict sends without the cookie, to a page that reloads same-site).
 """
 
+import contextlib
+from datetime import UTC, datetime
 from typing import Annotated, Any
 from urllib.parse import quote
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from pydantic import ValidationError
 
 from redrive.headers import is_redrive_header
 from redrive.service.auth import Principal
 from redrive.service.filters import INT64_MAX, FilterError, PendingFilter
+from redrive.service.operations import Operations
 from redrive.service.web import session
 from redrive.service.web.charts import breakdown, chart
 from redrive.service.web.deps import Ops, PagesDep, Settings, TokenBook
@@ -29,6 +33,7 @@ from redrive.service.web.params import (
     field,
     here,
     local_url,
+    plural,
     query,
 )
 from redrive.service.web.representations import (
@@ -38,6 +43,7 @@ from redrive.service.web.representations import (
     pending_view,
     queue_item,
     queue_view,
+    replay_job_view,
 )
 
 PAGE_SIZE = 50
@@ -241,6 +247,110 @@ def dead_letter(
         back=back,
         suggest=pages.suggestions(),
     )
+
+
+# ------------------------------------------------------------------ replay jobs
+
+
+def per_second(rate: float) -> str:
+    return f"{rate:,g}/s"
+
+
+def job_summary(job: dict[str, Any]) -> str:
+    """How far a job got, in one line: "1,234 of 5,000 · sent 1,230 · failed 4"."""
+    text = f"{job['settled']:,} of {job['total']:,}"
+    text += f" · sent {job['sent']:,} · failed {job['failed']:,}"
+    for name in ("gone", "cancelled"):
+        if job[name]:
+            text += f" · {name} {job[name]:,}"
+    return text
+
+
+def _filter_fields(flt: dict[str, Any]) -> dict[str, str]:
+    """A stored filter as the search form's fields (times as its UTC inputs take them)."""
+    raw = {}
+    for name, value in flt.items():
+        if value is None:
+            continue
+        text = str(value)
+        if name in ("since", "until"):
+            with contextlib.suppress(ValueError):
+                at = datetime.fromisoformat(text)
+                at = at.astimezone(UTC) if at.tzinfo else at
+                text = at.strftime("%Y-%m-%dT%H:%M:%S")
+        raw[name] = text
+    return raw
+
+
+def _job(row: dict[str, Any]) -> dict[str, Any]:
+    """A job as the pages show it: the API's view, with its selection in words."""
+    job = replay_job_view(row)
+    flt = job["filter"]
+    raw = _filter_fields(flt or {})
+    if flt is None:
+        selection = f"{plural(job['total'], 'dead letter')} chosen by id"
+    else:
+        selection = describe_filter(raw) or "every dead letter"
+    return {
+        **job,
+        "summary": job_summary(job),
+        "selection": selection,
+        # The letters it left (failed, cancelled, or kept) are found by the same search.
+        "search_url": "/dead-letters" + query(**raw) if flt is not None else None,
+        "rate_text": per_second(job["rate"]),
+        "percent": round(job["progress"] * 100),
+    }
+
+
+def _replay_job(ops: Operations, job_id: int) -> dict[str, Any] | None:
+    # A bigserial id; anything else is no job (PostgreSQL would refuse it).
+    return ops.replay_job(job_id) if 1 <= job_id <= INT64_MAX else None
+
+
+@router.get("/jobs", response_class=HTMLResponse)
+def jobs(request: Request, who: Reader, pages: PagesDep, ops: Ops) -> Response:
+    cursor = field(request.query_params, "cursor")
+    error, rows, next_cursor = None, [], None
+    try:
+        found, next_cursor = ops.replay_jobs(limit=PAGE_SIZE, cursor=cursor or None)
+        rows = [_job(r) for r in found]
+    except FilterError as exc:
+        error = explain(exc)
+    return pages.render(
+        request,
+        "jobs.html",
+        who,
+        nav="jobs",
+        rows=rows,
+        error=error,
+        first_page=bool(cursor),
+        next_url="/jobs" + query(cursor=next_cursor) if next_cursor else None,
+        first_url="/jobs",
+    )
+
+
+@router.get("/jobs/{job_id:int}", response_class=HTMLResponse)
+def job(request: Request, job_id: int, who: Reader, pages: PagesDep, ops: Ops) -> Response:
+    row = _replay_job(ops, job_id)
+    if row is None:
+        text = f"Replay job {job_id} does not exist."
+        return pages.error(request, who, 404, "Not found", text, back="/jobs")
+    return pages.render(request, "job.html", who, nav="jobs", job=_job(row))
+
+
+@router.get("/jobs/{job_id:int}.json")
+def job_progress(job_id: int, who: Reader, ops: Ops) -> Response:
+    """The job page's live progress (ui.js polls it). Not the API's GET /api/v1/jobs/{id}:
+    that takes bearer tokens only, and a page's script has the session cookie."""
+    row = _replay_job(ops, job_id)
+    if row is None:
+        return JSONResponse(
+            {"detail": f"no replay job {job_id}"}, 404, headers=session.SECURITY_HEADERS
+        )
+    return JSONResponse(_job(row), headers=session.SECURITY_HEADERS)
+
+
+# ------------------------------------------------------------------ sign in
 
 
 @router.get("/login", response_class=HTMLResponse)

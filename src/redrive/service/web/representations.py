@@ -191,3 +191,31 @@ def queue_item(row: Row) -> dict[str, Any]:
 
 def audit_entry(row: Row) -> dict[str, Any]:
     return {**row, "at": _time(row["at"]), "ids": list(row["ids"])}
+
+
+def replay_job_view(row: Row) -> dict[str, Any]:
+    """A replay job as the API and the job page show it: what was asked, and how far
+    it got (`settled` letters of `total`: sent, failed, gone or cancelled)."""
+    counts = {name: int(row[name]) for name in ("sent", "failed", "gone", "cancelled")}
+    settled = sum(counts.values())
+    return {
+        "id": row["id"],
+        "state": row["state"],
+        "actor": row["actor"],
+        "role": row["role"],
+        "destination": row["destination"],
+        "keep": row["keep"],
+        "rate": row["rate"],
+        "filter": row["filter"],
+        "total": row["total"],
+        **counts,
+        "settled": settled,
+        "progress": settled / row["total"] if row["total"] else 1.0,
+        "created_at": _time(row["created_at"]),
+        "finished_at": _time(row["finished_at"]),
+        "cancelled_by": row["cancelled_by"],
+        "failures": [
+            {"dead_letter_id": f["dead_letter_id"], "error": f["error"]}
+            for f in row.get("failures", [])
+        ],
+    }
