@@ -803,3 +803,219 @@ def test_cursor_pagination(ui: Ui, page: Page, monkeypatch: pytest.MonkeyPatch) 
     page.goto("/pending")
     expect(page.locator("table[data-rows] tbody tr")).to_have_count(1)
     expect(page.get_by_role("link", name="Later")).to_be_visible()
+
+
+# ---------------------------------------------------------------------- a record's story
+
+
+def _failure(
+    topic: str, key: bytes, offset: int, attempt: int, message: str, delay_ms: int = 300, **kw: Any
+) -> dict[str, Any]:
+    """A consumer's request after its `attempt`-th try of the record at `offset` failed."""
+    fields = {
+        "group": "checkout",
+        "attempt": attempt,
+        "original_topic": topic,
+        "original_partition": 0,
+        "original_offset": offset,
+        "error_type": kw.pop("error_type", "orders.Timeout"),
+        "error_message": message,
+        **kw,
+    }
+    return {
+        "key": key,
+        "value": json.dumps({"order": offset}).encode(),
+        "headers": request_headers(topic, now_ms() + delay_ms, [("trace-id", key)], **fields),
+    }
+
+
+def _deliveries(collector: Collector, key: bytes, count: int, timeout_s: float = 20) -> None:
+    """Wait until `count` messages with `key` arrived on the collector's topic."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if sum(1 for d in collector.received if d.key == key) >= count:
+            return
+        collector.poll_until(len(collector.received) + 1, 0.5)
+    raise AssertionError(f"{count} deliveries of {key!r} did not arrive on {collector.topic}")
+
+
+def _story(ui: Ui, state: str, timeout_s: float = 20, **where: Any) -> dict[str, Any]:
+    """The one story found by `where` once it reached `state` (the service settles a
+    delivery in its store just after the broker acknowledged it)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = ui.ops.find_records(**where)
+        if len(found) == 1 and found[0]["state"] == state:
+            return found[0]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {state} story for {where}: {found}")
+        time.sleep(0.1)
+
+
+def test_record_story(ui: Ui, page: Page, output_dir: Path) -> None:
+    (topic,) = _create_topics(ui.bootstrap, "story")
+    requests = ui.service.settings.requests_topic
+    key = b"story-77"
+    collector = Collector(ui.bootstrap, topic)
+    try:
+        # The record fails twice; each retry is delivered; the second retry succeeds
+        # (the consumer says nothing more).
+        first = _failure(topic, key, 77, 1, "gateway timed out", delay_ms=1500)
+        produce(ui.bootstrap, requests, [first])
+        _deliveries(collector, key, 1)
+        again = _failure(topic, key, 77, 2, "gateway timed out again", delay_ms=1500)
+        produce(ui.bootstrap, requests, [again])
+        _deliveries(collector, key, 2)
+    finally:
+        collector.close()
+    story = _story(ui, "delivered", key=key)
+    assert story["attempts"] == 3
+    assert [e["event"] for e in story["events"]] == [
+        "failed",
+        "scheduled",
+        "delivered",
+        "failed",
+        "scheduled",
+        "delivered",
+    ]
+
+    # Found by its key, through the form.
+    page.goto("/")
+    page.keyboard.press("g")
+    page.keyboard.press("r")
+    page.wait_for_url("**/records")
+    expect(page.get_by_role("heading", name="Find a record")).to_be_visible()
+    page.keyboard.press("/")
+    expect(page.locator("input[name=key]")).to_be_focused()
+    page.keyboard.type("story-77")
+    page.keyboard.press("Enter")
+    page.wait_for_url(re.compile(r"/records\?key=story-77$"))
+    stories = page.locator("article.story")
+    expect(stories).to_have_count(1)
+    head = stories.locator(".story-head")
+    expect(head.get_by_role("heading")).to_have_text(f"{topic} / p0 @ 77")
+    expect(head.locator(".badge")).to_have_text("delivered")
+    expect(head).to_contain_text("3 attempts")
+    expect(stories.locator("dl.story-facts")).to_contain_text("checkout")
+    events = stories.locator("ol.timeline > li")
+    expect(events).to_have_count(6)
+    failures = stories.locator("li.event-failed")
+    expect(failures).to_have_count(2)
+    expect(failures.nth(0)).to_contain_text("Attempt 1 failed — orders.Timeout: gateway timed out")
+    expect(failures.nth(1)).to_contain_text(
+        "Attempt 2 failed — orders.Timeout: gateway timed out again"
+    )
+    # Due 1.5 s after the request was made: a little less after the service had it.
+    expect(events.nth(1)).to_contain_text(
+        re.compile(r"Retry scheduled for attempt 2, (\d+ ms later|1(\.\d)? s later|at once) \(due")
+    )
+    expect(events.nth(1).locator("time")).to_have_text(re.compile(r"^\d\d:\d\d:\d\d\.\d{3}$"))
+    expect(events.nth(2)).to_contain_text(f"Attempt 2 delivered to {topic}")
+    expect(events.nth(5)).to_contain_text(f"Attempt 3 delivered to {topic}")
+    expect(events.nth(5).locator("time")).to_have_attribute("datetime", re.compile(r"^\d{4}-"))
+    shots = output_dir / "screenshots"
+    shots.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=shots / "record-story.png", full_page=True)
+
+    # Found by where it was first consumed: the same story.
+    page.get_by_role("link", name="Clear").click()
+    page.wait_for_url(re.compile(r"/records$"))
+    page.locator("input[name=topic]").fill(topic)
+    page.locator("input[name=partition]").fill("0")
+    page.locator("input[name=offset]").fill("77")
+    page.get_by_role("button", name="Find").click()
+    page.wait_for_url(re.compile(rf"/records\?topic={topic}&partition=0&offset=77$"))
+    expect(stories).to_have_count(1)
+    expect(stories.locator(".story-head")).to_contain_text("3 attempts")
+    expect(stories.locator("li.event-delivered")).to_have_count(2)
+    stories.get_by_role("link", name="all records with this key").click()
+    page.wait_for_url(re.compile(r"/records\?key=story-77$"))
+    expect(stories).to_have_count(1)
+
+    # Nothing found, and searches the service refuses: said on the page.
+    page.goto("/records?key=no-such-record")
+    expect(page.locator(".empty")).to_contain_text("No record found")
+    for search, problem in (
+        ("partition=0", "give a key (key or key_base64) or an original topic"),
+        ("key=a&offset=7", "partition and offset need the topic"),
+        (f"topic={topic}&offset=seventy", "offset: Input should be a valid integer"),
+        ("key=a&key_base64=YQ==", "give key or key_base64, not both"),
+        ("key_base64=not*base64", re.compile(r"key_base64\W.*not base64")),
+        (f"topic={topic}&offset={2**63}", "offset: Input should be less than or equal to"),
+    ):
+        response = page.goto(f"/records?{search}")
+        assert response is not None and response.status == 200, search
+        expect(page.locator(".flash-error")).to_contain_text(problem)
+        expect(stories).to_have_count(0)
+
+
+def test_record_story_of_a_dead_letter_and_a_pending_retry(ui: Ui, page: Page) -> None:
+    (topic,) = _create_topics(ui.bootstrap, "story")
+    requests = ui.service.settings.requests_topic
+    key = b"story-78"
+    collector = Collector(ui.bootstrap, topic)
+    try:
+        produce(ui.bootstrap, requests, [_failure(topic, key, 78, 1, "gateway timed out")])
+        _deliveries(collector, key, 1)
+        _story(ui, "delivered", key=key)
+        # The retry failed for good: the consumer gives up, a dead letter.
+        gave_up = _failure(
+            topic,
+            key,
+            78,
+            2,
+            "card declined by issuer",
+            error_type="story.Fatal",
+            send_to="dlq",
+            reason="non-retryable error: story.Fatal",
+        )
+        produce(ui.bootstrap, requests, [gave_up])
+        _story(ui, "dead", key=key)
+
+        letter = ui.letter("story.Fatal")
+        page.goto(f"/dead-letters/{letter['id']}")
+        page.get_by_role("link", name="Story of this record").click()
+        page.wait_for_url(re.compile(rf"/records\?topic={topic}&partition=0&offset=78$"))
+        story = page.locator("article.story")
+        expect(story).to_have_count(1)
+        expect(story.locator(".story-head .badge")).to_have_text("dead letter")
+        expect(story.locator(".story-head")).to_contain_text("2 attempts")
+        last = story.locator("ol.timeline > li").last
+        expect(last).to_have_class(re.compile("event-dead_letter"))
+        expect(last).to_contain_text("non-retryable error: story.Fatal")
+        expect(story.locator("li.event-failed").last).to_contain_text(
+            "Attempt 2 failed — story.Fatal: card declined by issuer"
+        )
+        last.get_by_role("link", name=f"Dead letter #{letter['id']}").click()
+        page.wait_for_url(f"**/dead-letters/{letter['id']}")
+
+        # A retry still waiting: its story links to it in the pending list, and back.
+        produce(
+            ui.bootstrap,
+            requests,
+            [_failure(topic, b"story-79", 79, 1, "gateway timed out", delay_ms=3_600_000)],
+        )
+        _story(ui, "pending", key=b"story-79")
+        page.goto(f"/records?topic={topic}&offset=79")
+        story = page.locator("article.story")
+        expect(story.locator(".story-head .badge")).to_have_text("pending")
+        expect(story.locator(".story-head")).to_contain_text("1 attempt")
+        waiting = story.locator("li.event-scheduled.waiting")
+        expect(waiting).to_contain_text(re.compile(r"Waiting: due in (59m|1h)"))
+        pending_link = waiting.get_by_role("link", name=re.compile(r"pending retry #\d+"))
+        pending_id = int((pending_link.text_content() or "").rsplit("#", 1)[1])
+        pending_link.click()
+        page.wait_for_url(re.compile(rf"/pending\?.*#pending-{pending_id}$"))
+        row = page.locator(f'tr[data-id="{pending_id}"]')
+        expect(row).to_be_visible()
+        expect(row).to_contain_text(f"{topic} / p0 @ 79")
+        row.get_by_role("link", name=f"Story of the record of pending retry {pending_id}").click()
+        page.wait_for_url(re.compile(rf"/records\?topic={topic}&partition=0&offset=79$"))
+        expect(page.locator("article.story .story-head .badge")).to_have_text("pending")
+
+        # Deliver it, so that the pending list is as the other tests expect.
+        assert ui.ops.retry_now(pending_id, now_ms())
+        _deliveries(collector, b"story-79", 1)
+        _story(ui, "delivered", key=b"story-79")
+    finally:
+        collector.close()

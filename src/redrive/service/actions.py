@@ -8,13 +8,11 @@ the replayer, a way to wake the scheduler, two limits), not the service.
 """
 
 import base64
-import binascii
 import json
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Any
 
 from pydantic import (
-    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -26,9 +24,9 @@ from redrive.clock import now_ms
 from redrive.headers import MAX_TOPIC_LENGTH
 from redrive.service.auth import Principal
 from redrive.service.filters import (
+    Base64Text,
     DeadLetterFilter,
     RowId,
-    SchemaPattern,
     StorableText,
     UnicodeText,
 )
@@ -49,23 +47,10 @@ class ActionRefused(Exception):
 # The model validators below are restated as JSON Schema (`json_schema_extra`), so the
 # OpenAPI document refuses exactly the bodies the handlers refuse.
 
-BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
-
 
 def _given(name: str, kind: str) -> dict[str, Any]:
     """JSON Schema: `name` is present and not null."""
     return {"required": [name], "properties": {name: {"type": kind}}}
-
-
-def _base64(value: str) -> str:
-    try:
-        base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError) as exc:
-        raise ValueError(f"not base64: {exc}") from None
-    return value
-
-
-Base64Text = Annotated[str, AfterValidator(_base64), SchemaPattern(BASE64_PATTERN)]
 
 
 class Payload(BaseModel):

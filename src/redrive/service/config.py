@@ -155,7 +155,14 @@ class ServiceSettings(BaseSettings):
     replay_max_per_request: int = Field(
         10_000,
         ge=1,
-        description="Most dead letters one replay request sends; it reports how many remain.",
+        description="Most dead letters one replay job takes; the request reports how many "
+        "more match.",
+    )
+    history_retention_days: float = Field(
+        7.0,
+        ge=0,
+        le=3650,
+        description="How long delivered retries are kept, for a record's story (0: none kept).",
     )
 
     @model_validator(mode="after")

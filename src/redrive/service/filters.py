@@ -103,6 +103,19 @@ def _text(max_length: int, description: str | None = None) -> Any:
     return Field(None, max_length=max_length, description=description)
 
 
+BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+
+
+def _base64(value: str) -> str:
+    try:
+        base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise ValueError(f"not base64: {exc}") from None
+    return value
+
+
+# Bytes given as base64 text (the check's message says more than the pattern's).
+Base64Text = Annotated[str, AfterValidator(_base64), SchemaPattern(BASE64_PATTERN)]
 # Text that ends up in SQL: no NUL, valid Unicode.
 StorableText = Annotated[str, AfterValidator(storable_text), SchemaPattern(NO_NUL_PATTERN)]
 # Text that goes to Kafka as UTF-8 (a payload may hold NUL).
@@ -230,3 +243,34 @@ def decode_cursor(cursor: str, count: int) -> tuple[int, ...]:
     if len(parts) != count or not all(INT64_MIN <= p <= INT64_MAX for p in parts):
         raise refused
     return parts
+
+
+class RecordQuery(BaseModel):
+    """Where is my record? By its key, or by its original coordinates (a topic, and
+    optionally its partition and offset). Each given field narrows the search;
+    :meth:`problem` says what a search that cannot be run lacks (JSON Schema cannot
+    state a rule across query parameters: it is a 400, not a 422)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    key: UnicodeText | None = Field(None, max_length=4096, description="The key, as UTF-8 text.")
+    key_base64: Base64Text | None = Field(
+        None, max_length=8192, description="The key's bytes in base64 (a key that is not text)."
+    )
+    topic: StorableText | None = _text(MAX_TOPIC_LENGTH, "The record's original topic.")
+    partition: int | None = Field(None, ge=0, le=2**31 - 1)
+    offset: int | None = Field(None, ge=0, le=INT64_MAX)
+
+    def problem(self) -> str | None:
+        if self.key is not None and self.key_base64 is not None:
+            return "give key or key_base64, not both"
+        if self.key is None and self.key_base64 is None and self.topic is None:
+            return "give a key (key or key_base64) or an original topic"
+        if self.topic is None and (self.partition is not None or self.offset is not None):
+            return "partition and offset need the topic"
+        return None
+
+    def key_bytes(self) -> bytes | None:
+        if self.key_base64 is not None:
+            return base64.b64decode(self.key_base64, validate=True)
+        return None if self.key is None else self.key.encode()

@@ -20,6 +20,7 @@ from redrive.service.filters import (
     encode_cursor,
 )
 from redrive.service.store import AuditEntry, Row, Store
+from redrive.service.stories import stories
 
 
 class PendingHeld(Exception):
@@ -140,6 +141,21 @@ class Operations:
         # Cancelling a head lets the next of its key go (key_queues.advance, which
         # wakes the schedulers).
         return self.pending_one(pending_id) is None
+
+    # ---------------------------------------------------------------- stories
+
+    def find_records(
+        self,
+        *,
+        key: bytes | None = None,
+        topic: str | None = None,
+        partition: int | None = None,
+        offset: int | None = None,
+    ) -> list[dict[str, Any]]:
+        """Where is my record? The stories of the records with this key, or at these
+        original coordinates, from pending retries, history and dead letters."""
+        steps = self.store.record_steps(key=key, topic=topic, partition=partition, offset=offset)
+        return stories(steps)
 
     # ---------------------------------------------------------------- replay jobs
 

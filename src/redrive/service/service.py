@@ -32,6 +32,7 @@ from redrive.ports import listener_of, port_in_use
 from redrive.requests import IntakeRules
 from redrive.service.auth import Tokens
 from redrive.service.config import ServiceSettings
+from redrive.service.history import HistoryPruner
 from redrive.service.intake import Intake
 from redrive.service.metrics import ServiceMetrics
 from redrive.service.notify import listen
@@ -105,6 +106,7 @@ class RetryService:
             self.database_url,
             reconnect_max_s=s.store_retry_max_seconds,
             claim_timeout_s=s.lease_seconds,
+            keep_history=s.history_retention_days > 0,
         )
         try:
             self.store.open()
@@ -157,6 +159,11 @@ class RetryService:
                 stop_event=self.stop_event,
             )
             self._spawn("replay-jobs", self.replay_jobs.run)
+            if s.history_retention_days > 0:
+                pruner = HistoryPruner(
+                    self.store, s.history_retention_days * 86_400, self.stop_event
+                )
+                self._spawn("history", pruner.run)
         if "intake" in s.roles:
             rules = IntakeRules(
                 # Settings are fixed for the process: each destination is matched once.

@@ -198,7 +198,7 @@
     const key = event.key;
     if (goPrefix && Date.now() - goPrefix < 1500) {
       goPrefix = 0;
-      const to = { o: "/", p: "/pending", d: "/dead-letters", j: "/jobs" }[key];
+      const to = { o: "/", p: "/pending", d: "/dead-letters", r: "/records", j: "/jobs" }[key];
       if (to) {
         event.preventDefault();
         window.location.assign(to);

@@ -8,6 +8,7 @@ its one door. Callers get typed methods, never a connection:
 - :mod:`.key_queues`: the retries of one key delivered one at a time, in order;
 - :mod:`.dead_letters`, :mod:`.pending`: what operators browse, delete and retry;
 - :mod:`.stats`: the per-minute counters and the dashboard's totals;
+- :mod:`.history`: delivered retries kept for a while, and a record's steps;
 - :mod:`.audit`: the log of operator actions;
 - :mod:`.replay_jobs`: bulk replays run in the background (``Store.replay_jobs``);
 - :mod:`.tokens`: the API tokens' names, roles and digests;
@@ -34,6 +35,7 @@ from redrive.service.store import (
     audit,
     claims,
     dead_letters,
+    history,
     intake_writes,
     pending,
     stats,
@@ -105,7 +107,9 @@ class Store:
         max_connections: int = 6,
         reconnect_max_s: float = 10.0,
         claim_timeout_s: float = 30.0,
+        keep_history: bool = False,
     ):
+        self.keep_history = keep_history
         self.pool = _pool(url, "redrive-store", max_connections, reconnect_max_s)
         relaxed = (
             "-c synchronous_commit=off "
@@ -169,13 +173,14 @@ class Store:
         crash that drops the connection, rolls back: the rows are due again at once.
         """
         with self._conn(relaxed=True) as conn, conn.transaction():
-            yield Claim(conn, claims.claim_due(conn, now_ms=now_ms, limit=limit))
+            rows = claims.claim_due(conn, now_ms=now_ms, limit=limit)
+            yield Claim(conn, rows, keep_history=self.keep_history)
 
     def settle(self, settlement: Settlement) -> None:
         """:meth:`Claim.settle` without a claim, in a transaction of its own: for an
         outcome whose claim could not commit (rows already gone are skipped)."""
         with self._conn(relaxed=True) as conn, conn.transaction():
-            claims.settle(conn, settlement)
+            claims.settle(conn, settlement, keep_history=self.keep_history)
 
     def to_dead_letters(self, failures: Sequence[DeadRow]) -> None:
         """Move rows that can never be delivered (id, reason code, reason) to dead letters."""
@@ -258,6 +263,26 @@ class Store:
         """The earliest due time of a retry that may be delivered, or None."""
         with self._conn() as conn:
             return pending.oldest_due_ms(conn)
+
+    # ------------------------------------------------------------------ history
+
+    def prune_history(self, *, older_than_s: float, limit: int) -> int:
+        """Delete up to `limit` of the oldest history entries past retention."""
+        with self._conn(relaxed=True) as conn:
+            return history.prune(conn, older_than_s=older_than_s, limit=limit)
+
+    def record_steps(
+        self,
+        *,
+        key: bytes | None = None,
+        topic: str | None = None,
+        partition: int | None = None,
+        offset: int | None = None,
+    ) -> list[Row]:
+        """The steps of the records with this key or at these original coordinates,
+        across pending retries, history and dead letters, in story order."""
+        with self._conn() as conn:
+            return history.steps(conn, key=key, topic=topic, partition=partition, offset=offset)
 
     # ------------------------------------------------------------------ stats
 

@@ -20,7 +20,7 @@ from redrive.clock import now_ms as clock_ms
 from redrive.header_json import headers_from_json
 from redrive.headers import Header
 from redrive.reasons import DeadLetterReason
-from redrive.service.store import key_queues
+from redrive.service.store import history, key_queues
 from redrive.service.store.stats import COUNT_MINUTE, per_topic
 
 _CLAIM_DUE = """
@@ -145,8 +145,13 @@ def to_dead_letters(conn: psycopg.Connection[Any], failures: Sequence[DeadRow]) 
     key_queues.advance(conn, [q for _, q in moved if q is not None])
 
 
-def settle(conn: psycopg.Connection[Any], settlement: Settlement) -> None:
-    """Record a settlement in the open transaction."""
+def settle(
+    conn: psycopg.Connection[Any], settlement: Settlement, *, keep_history: bool = False
+) -> None:
+    """Record a settlement in the open transaction; with `keep_history`, what was
+    delivered is copied to the history first (:mod:`.history`)."""
+    if keep_history:
+        history.record(conn, [*settlement.delivered, *settlement.kept])
     if settlement.delivered:
         conn.execute(_DELETE_DELIVERED, (list(settlement.delivered),))
     if settlement.kept:
@@ -161,10 +166,13 @@ def settle(conn: psycopg.Connection[Any], settlement: Settlement) -> None:
 class Claim:
     """Rows one scheduler holds: locked in its open transaction until the claim ends."""
 
-    def __init__(self, conn: psycopg.Connection[Any], rows: list[ClaimedRetry]) -> None:
+    def __init__(
+        self, conn: psycopg.Connection[Any], rows: list[ClaimedRetry], *, keep_history: bool
+    ) -> None:
         self._conn = conn
         self.rows = rows
+        self._keep_history = keep_history
 
     def settle(self, settlement: Settlement) -> None:
         """Record the outcome; it takes effect when the claim's transaction commits."""
-        settle(self._conn, settlement)
+        settle(self._conn, settlement, keep_history=self._keep_history)

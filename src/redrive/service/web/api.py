@@ -26,6 +26,7 @@ from redrive.service.filters import (
     INT64_MAX,
     DeadLetterFilter,
     PendingFilter,
+    RecordQuery,
 )
 from redrive.service.web.deps import Actions, Ops, Settings, TokenBook
 from redrive.service.web.representations import (
@@ -37,6 +38,7 @@ from redrive.service.web.representations import (
     queue_item,
     queue_view,
     replay_job_view,
+    story_view,
 )
 
 NDJSON = "application/x-ndjson"
@@ -55,7 +57,7 @@ def _errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     """OpenAPI `responses` for refusals, so the document lists every status a route answers."""
     what = {
         400: "Refused: a cursor this API did not return, a destination that is not "
-        "allowed, or a body that is not JSON",
+        "allowed, a record search without a key or topic, or a body that is not JSON",
         401: "No token, an unknown or revoked one, or a malformed Authorization header",
         403: "The token's role may not do this (operator needed)",
         404: "No such dead letter, pending retry or replay job",
@@ -296,6 +298,32 @@ def retry_now(who: Operator, actions: Actions, pending_id: PendingId) -> dict[st
 @router.post("/pending/{pending_id:int}/cancel", responses=_errors(403, 404))
 def cancel(who: Operator, actions: Actions, pending_id: PendingId) -> dict[str, Any]:
     return actions.cancel(who, pending_id)
+
+
+# ------------------------------------------------------------------ a record's story
+
+
+class RecordQueryParams(RecordQuery):
+    model_config = ConfigDict(extra="ignore")
+
+
+def _record_query(query: Annotated[RecordQueryParams, Query()]) -> RecordQuery:
+    return RecordQuery(**query.model_dump())
+
+
+@router.get("/records", responses=_errors(400), openapi_extra=READ)
+def find_records(
+    who: Reader, ops: Ops, q: Annotated[RecordQuery, Depends(_record_query)]
+) -> dict[str, Any]:
+    """Where is my record? Its story, from its first failure through each retry to its
+    delivery or dead letter, from pending retries, delivered ones kept as history
+    (`history_retention_days`) and dead letters."""
+    if (problem := q.problem()) is not None:
+        raise HTTPException(400, problem)
+    found = ops.find_records(
+        key=q.key_bytes(), topic=q.topic, partition=q.partition, offset=q.offset
+    )
+    return {"records": [story_view(s) for s in found]}
 
 
 # ------------------------------------------------------------------ replay jobs

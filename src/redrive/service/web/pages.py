@@ -1,6 +1,7 @@
 """The web UI's pages (GET): the overview, pending retries, one key's queue of pending
-retries, dead letters, one dead letter, replay jobs, one replay job (and its progress
-as JSON, which the job page polls), and sign-in. The forms they carry are handled in
+retries, dead letters, one dead letter, a record's story (where is my record?),
+replay jobs, one replay job (and its progress as JSON, which the job page polls),
+and sign-in. The forms they carry are handled in
 forms.py.
 
 Reads are open unless `require_token_for_reads`; then a visitor without a viewer or
@@ -19,7 +20,7 @@ from pydantic import ValidationError
 
 from redrive.headers import is_redrive_header
 from redrive.service.auth import Principal
-from redrive.service.filters import INT64_MAX, FilterError, PendingFilter
+from redrive.service.filters import INT64_MAX, FilterError, PendingFilter, RecordQuery
 from redrive.service.operations import Operations
 from redrive.service.web import session
 from redrive.service.web.charts import breakdown, chart
@@ -44,6 +45,7 @@ from redrive.service.web.representations import (
     queue_item,
     queue_view,
     replay_job_view,
+    story_view,
 )
 
 PAGE_SIZE = 50
@@ -84,6 +86,29 @@ def reader(request: Request, pages: PagesDep, tokens: TokenBook, settings: Setti
 Reader = Annotated[Principal, Depends(reader)]
 
 
+def story_url(topic: str | None, partition: int | None, offset: int | None) -> str | None:
+    """The story page of the record first consumed at these coordinates; None when
+    they are not known (no topic or no offset: not one record)."""
+    if topic is None or offset is None:
+        return None
+    part = None if partition is None else str(partition)
+    return "/records" + query(topic=topic, partition=part, offset=str(offset))
+
+
+def _with_story(row: dict[str, Any], shown: dict[str, Any]) -> dict[str, Any]:
+    """A pending retry as shown, with its record's coordinates and story link."""
+    topic, partition, offset = (
+        row["original_topic"],
+        row["original_partition"],
+        row["original_offset"],
+    )
+    return {
+        **shown,
+        "original": {"topic": topic, "partition": partition, "offset": offset},
+        "story_url": story_url(topic, partition, offset),
+    }
+
+
 @router.get("/", response_class=HTMLResponse)
 def overview(request: Request, who: Reader, pages: PagesDep, ops: Ops) -> Response:
     stats = pages.stats.get(fresh=True)
@@ -114,7 +139,7 @@ def pending(request: Request, who: Reader, pages: PagesDep, ops: Ops) -> Respons
     try:
         flt = PendingFilter(destination=destination or None, group=group or None)
         found, next_cursor = ops.pending(flt, limit=PAGE_SIZE, cursor=cursor or None)
-        rows = [pending_view(r, full=False) for r in found]
+        rows = [_with_story(r, pending_view(r, full=False)) for r in found]
     except (ValidationError, FilterError) as exc:
         error = explain(exc)
     return pages.render(
@@ -168,7 +193,7 @@ def pending_queue(
         id=pending_id,
         this={"order_state": order_state(row)},
         queue=queue_view(row),
-        rows=[queue_item(r) for r in rows],
+        rows=[_with_story(r, queue_item(r)) for r in rows],
         error=error,
         back=back,
         first_page=bool(cursor) and error is None,
@@ -244,7 +269,113 @@ def dead_letter(
         value=payload_view(detail["value"]),
         headers=headers,
         user_headers=sum(1 for h in headers if not h["redrive"]),
+        story_url=story_url(
+            detail["original"]["topic"],
+            detail["original"]["partition"],
+            detail["original"]["offset"],
+        ),
         back=back,
+        suggest=pages.suggestions(),
+    )
+
+
+# ------------------------------------------------------------------ a record's story
+
+RECORD_FIELDS = ("key", "key_base64", "topic", "partition", "offset")
+# A key longer than the search takes (RecordQuery) gets no "records with this key" link.
+MAX_KEY_LINK_BYTES = 4096
+
+
+def duration(ms: int) -> str:
+    """A delay as people say it: "300 ms", "1.5 s", "2m 5s", "3h 10m", "2d 4h"."""
+    if ms < 1000:
+        return f"{ms:,} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:.1f}".removesuffix(".0") + " s"
+    s = ms // 1000
+    m, s = divmod(s, 60)
+    if m < 60:
+        return f"{m}m {s}s" if s else f"{m}m"
+    h, m = divmod(m, 60)
+    if h < 24:
+        return f"{h}h {m}m" if m else f"{h}h"
+    d, h = divmod(h, 24)
+    return f"{d:,}d {h}h" if h else f"{d:,}d"
+
+
+def _key_view(rendered: dict[str, Any] | None) -> dict[str, Any]:
+    """A record's key for the story's header, and the search for its key's records."""
+    if rendered is None:
+        return {"kind": "null", "url": None}
+    size, text = rendered["size"], rendered["text"]
+    url = None
+    if 0 < size <= MAX_KEY_LINK_BYTES:
+        url = "/records" + (
+            query(key=text) if text is not None else query(key_base64=rendered["base64"])
+        )
+    if text is not None:
+        return {"kind": "text", "text": text, "size": size, "url": url}
+    return {"kind": "binary", "hex": rendered["hex"][:64], "size": size, "url": url}
+
+
+def _story(found: dict[str, Any]) -> dict[str, Any]:
+    """A record's story as the page tells it: the API's view, with its key for the
+    header, each retry's delay in words, and where a waiting retry is listed."""
+    story = story_view(found)
+    events = story["events"]
+    waiting = story["state"] == "pending" and events and events[-1]["event"] == "scheduled"
+    for event in events:
+        event["waiting"] = False
+        if event["event"] == "scheduled":
+            delay = event.get("delay_ms")
+            event["delay_text"] = None if delay is None or delay <= 0 else duration(delay)
+    if waiting:
+        last = events[-1]
+        last["waiting"] = True
+        last["pending_url"] = (
+            "/pending"
+            + query(destination=story["destination"], group=story["group"])
+            + f"#pending-{last['pending_id']}"
+        )
+    return {**story, "key": _key_view(story["key"])}
+
+
+@router.get("/records", response_class=HTMLResponse)
+def records(
+    request: Request, who: Reader, pages: PagesDep, ops: Ops, settings: Settings
+) -> Response:
+    """Where is my record? Its story, found by its key or where it was first consumed."""
+    q = request.query_params
+    raw = {name: field(q, name) for name in RECORD_FIELDS}
+    # A key is matched exactly, as typed (spaces too).
+    key = q.get("key")
+    raw["key"] = key if isinstance(key, str) and key.strip() else ""
+    asked = {name: value for name, value in raw.items() if value}
+    error, stories = None, None
+    if asked:
+        try:
+            search = RecordQuery.model_validate(asked)
+            if (problem := search.problem()) is not None:
+                raise FilterError(problem)
+            found = ops.find_records(
+                key=search.key_bytes(),
+                topic=search.topic,
+                partition=search.partition,
+                offset=search.offset,
+            )
+            stories = [_story(s) for s in found]
+        except (ValidationError, FilterError) as exc:
+            error = explain(exc)
+    return pages.render(
+        request,
+        "records.html",
+        who,
+        nav="records",
+        raw=raw,
+        error=error,
+        stories=stories,
+        searched=bool(asked),
+        retention_days=settings.history_retention_days,
         suggest=pages.suggestions(),
     )
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 Row = dict[str, Any]
@@ -219,3 +219,20 @@ def replay_job_view(row: Row) -> dict[str, Any]:
             for f in row.get("failures", [])
         ],
     }
+
+
+def _iso_ms(ms: int | None) -> str | None:
+    return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat()
+
+
+def story_view(story: dict[str, Any]) -> dict[str, Any]:
+    """A record's story (service/stories.py) with its key rendered and its times
+    given both as epoch milliseconds and ISO 8601."""
+    events = []
+    for event in story["events"]:
+        shown = dict(event)
+        for name in ("at_ms", "due_ms"):
+            if name in shown:
+                shown[name.removesuffix("_ms")] = _iso_ms(shown[name])
+        events.append(shown)
+    return {**story, "key": render_bytes(story["key"]), "events": events}
