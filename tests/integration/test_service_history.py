@@ -14,6 +14,7 @@ import pytest
 
 from redrive import App, Message
 from redrive.service.history import HistoryPruner
+from redrive.service.store import Store
 from tests.integration.consumer_harness import Calls, retry_service, running_app
 from tests.integration.service_harness import dead_letters, produce, wait_until
 
@@ -116,41 +117,11 @@ def test_a_record_failing_twice_then_delivered_tells_its_story(
             assert records(api, key_base64="b3JkZXItNDI=") == [story]  # "order-42"
 
 
-def test_history_is_pruned_past_retention_a_batch_at_a_time(
-    bootstrap: str, database_url: str, new_topic: Callable[..., str]
-) -> None:
-    topic = new_topic("pruned")
-    calls = Calls()
-
-    def handler(message: Message) -> None:
-        calls.add(message)
-        if message.attempt == 1:
-            raise Flaky("once")
-
-    with retry_service(bootstrap, database_url, allowed_destinations=[topic]) as service:
-        app = App(
-            bootstrap,
-            group=f"g-{uuid.uuid4().hex[:8]}",
-            requests_topic=service.settings.requests_topic,
-        )
-        app.add_handler(topic, handler, policy="100ms", strategy="service")
-        with running_app(app):
-            produce(bootstrap, topic, [{"key": f"k{i}".encode(), "value": b"v"} for i in range(5)])
-            assert calls.wait_for(lambda: len(calls.items) >= 10, 30)
-        store = service.store
-        assert store is not None
-        kept = HistoryPruner(store, 3600, threading.Event(), batch=2)
-        assert kept.prune() == 0  # delivered within the hour: kept
-        assert len(store.record_steps(topic=topic)) == 5
-        pruner = HistoryPruner(store, 0, threading.Event(), batch=2)
-        assert pruner.prune() == 5  # three batches: 2, 2, 1
-        assert store.record_steps(topic=topic) == []
-
-
-def test_without_history_a_delivered_retry_leaves_no_trace(
-    bootstrap: str, database_url: str, new_topic: Callable[..., str]
-) -> None:
-    topic = new_topic("no-history")
+def retried_once(
+    bootstrap: str, database_url: str, topic: str, keys: list[bytes], **settings: Any
+) -> Store:
+    """Each key's record fails once and is retried through a service; returns the
+    service's store (closed: open it again to read)."""
     calls = Calls()
 
     def handler(message: Message) -> None:
@@ -159,7 +130,7 @@ def test_without_history_a_delivered_retry_leaves_no_trace(
             raise Flaky("once")
 
     with retry_service(
-        bootstrap, database_url, allowed_destinations=[topic], history_retention_days=0
+        bootstrap, database_url, allowed_destinations=[topic], **settings
     ) as service:
         app = App(
             bootstrap,
@@ -168,7 +139,35 @@ def test_without_history_a_delivered_retry_leaves_no_trace(
         )
         app.add_handler(topic, handler, policy="100ms", strategy="service")
         with running_app(app):
-            produce(bootstrap, topic, [{"key": b"k", "value": b"v"}])
-            assert calls.wait_for(lambda: len(calls.items) >= 2, 30)
-        assert service.store is not None
-        assert service.store.record_steps(key=b"k") == []
+            produce(bootstrap, topic, [{"key": key, "value": b"v"} for key in keys])
+            assert calls.wait_for(lambda: len(calls.items) >= 2 * len(keys), 30)
+        return Store(service.database_url)
+
+
+def test_history_is_pruned_past_retention_a_batch_at_a_time(
+    bootstrap: str, database_url: str, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic("pruned")
+    store = retried_once(bootstrap, database_url, topic, [f"k{i}".encode() for i in range(5)])
+    store.open()
+    try:
+        kept = HistoryPruner(store, 3600, threading.Event(), batch=2)
+        assert kept.prune() == 0  # delivered within the hour: kept
+        assert len(store.record_steps(topic=topic)) == 5
+        pruner = HistoryPruner(store, 0, threading.Event(), batch=2)
+        assert pruner.prune() == 5  # three batches: 2, 2, 1
+        assert store.record_steps(topic=topic) == []
+    finally:
+        store.close()
+
+
+def test_without_history_a_delivered_retry_leaves_no_trace(
+    bootstrap: str, database_url: str, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic("no-history")
+    store = retried_once(bootstrap, database_url, topic, [b"k"], history_retention_days=0)
+    store.open()
+    try:
+        assert store.record_steps(key=b"k") == []
+    finally:
+        store.close()
