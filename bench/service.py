@@ -7,6 +7,7 @@ stack; requests are produced with confluent-kafka and the destination is read ba
 from __future__ import annotations
 
 import contextlib
+import json
 import marshal
 import multiprocessing
 import random
@@ -148,10 +149,11 @@ def end_to_end(
     workdir: Path,
     instances: int = 1,
     database_url: str | None = None,
+    roles: list[list[str]] | None = None,
 ) -> dict[str, float]:
     """N requests due immediately: produce -> intake -> PostgreSQL -> scheduler -> read,
     through `instances` service processes sharing one database (a fresh one unless
-    `database_url` is given)."""
+    `database_url` is given); `roles` gives each process its roles (default: all)."""
     destination = create_topic(bootstrap, "bench-dest", 6)
     database = database_url or fresh_database(server_url)
     first, requests_topic = service_process(bootstrap, database, destination, workdir, "e2e-0")
@@ -159,6 +161,8 @@ def end_to_end(
         ServiceProcess({**first.env, "REDRIVE_HTTP_PORT": "0"}, workdir / f"e2e-{i}.log")
         for i in range(1, instances)
     ]
+    for service, its_roles in zip(services, roles or [], strict=False):
+        service.env["REDRIVE_ROLES"] = json.dumps(its_roles)
     with contextlib.ExitStack() as stack:
         for service in services:
             stack.enter_context(service)

@@ -1,9 +1,9 @@
 """Pruning the history of delivered retries past `history_retention_days`.
 
 Runs where the scheduler runs. Deletes go a bounded batch at a time, each in its own
-short transaction, oldest first, so that pruning a large backlog (after the
-retention was shortened, say) never holds locks for long; several instances pruning
-at once only share the work.
+short transaction, so that pruning a large backlog (after the retention was
+shortened, say) never holds locks for long; several instances pruning at once only
+share the work.
 """
 
 from __future__ import annotations
