@@ -20,7 +20,7 @@ from confluent_kafka import Consumer, Producer
 
 from bench.common import ServiceProcess, create_topic, fresh_database
 from bench.kafka_raw import PRODUCER_TUNING
-from bench.service import _http_base
+from bench.service import _http_base, _produce_all
 from redrive.client_logs import with_client_logs
 from redrive.clock import now_ms
 from redrive.headers import RetryHeaders, encode
@@ -55,14 +55,7 @@ def _produce(bootstrap: str, topic: str, records: list[tuple[bytes, Any]]) -> fl
     """Produce as fast as the client goes; seconds taken."""
     producer = Producer(with_client_logs({"bootstrap.servers": bootstrap, **PRODUCER_TUNING}))
     started = time.perf_counter()
-    for key, headers in records:
-        while True:
-            try:
-                producer.produce(topic, key=key, value=PAYLOAD, headers=headers)
-                break
-            except BufferError:
-                producer.poll(0.01)
-    producer.flush(60)
+    _produce_all(producer, [(topic, key, PAYLOAD, headers) for key, headers in records])
     return time.perf_counter() - started
 
 

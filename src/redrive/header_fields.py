@@ -13,7 +13,7 @@ are written :mod:`redrive.headers`'s; everyone else imports these names from
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Final, Literal, TypeAlias
 
 Header: TypeAlias = tuple[str, bytes | None]
@@ -241,6 +241,11 @@ class FailureHistory:
     """Message of the latest failure, at most :data:`MAX_ERROR_MESSAGE_BYTES` in a request."""
     error_trace: str | None = None
     """Stack trace of the latest failure, at most :data:`MAX_ERROR_TRACE_BYTES` in a request."""
+
+    def failure_history(self) -> dict[str, Any]:
+        """These fields alone, as keyword arguments (for a dead letter made of a
+        request, or of another system's metadata)."""
+        return {f.name: getattr(self, f.name) for f in fields(FailureHistory)}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -234,16 +234,7 @@ def _dead(
     )
     if request is not None:
         return letter(
-            topic=request.destination,
-            attempt=request.attempt,
-            group=request.group,
-            original_topic=request.original_topic,
-            original_partition=request.original_partition,
-            original_offset=request.original_offset,
-            original_timestamp=request.original_timestamp,
-            error_type=request.error_type,
-            error_message=request.error_message,
-            error_trace=request.error_trace,
+            topic=request.destination, attempt=request.attempt, **request.failure_history()
         )
     raw, _ = split_headers(msg.headers)
     return letter(

@@ -168,41 +168,6 @@ class OperatorActions:
         self._rate_per_second = replay_rate_per_second
         self._max_per_request = replay_max_per_request
 
-    def _replay(
-        self,
-        who: Principal,
-        rows: list[dict[str, Any]],
-        destination: str | None,
-        keep: bool,
-        rate: float | None,
-        edit: Edit | None,
-        action: str,
-        flt: DeadLetterFilter | None,
-    ) -> dict[str, Any]:
-        ops = self._ops
-        try:
-            acked = self._replayer.replay(
-                rows,
-                destination=destination,
-                edit=edit,
-                rate_per_s=rate or self._rate_per_second,
-            )
-        except ReplayRefused as exc:
-            raise ActionRefused(400, str(exc)) from None
-        if not keep:
-            ops.delete_dead_letters(acked)
-        ops.audit(
-            actor=who.name,
-            role=who.role,
-            action=action,
-            ids=acked,
-            flt=flt,
-            count=len(acked),
-            detail={"destination": destination, "kept": keep, "edited": edit is not None},
-        )
-        failed = sorted({r["id"] for r in rows} - set(acked))
-        return {"replayed": len(acked), "ids": acked, "failed": failed}
-
     def replay_one(
         self, who: Principal, letter_id: int, body: ReplayOne | None = None
     ) -> dict[str, Any]:
@@ -224,11 +189,23 @@ class OperatorActions:
                     (h.name, None if h.value is None else h.value.to_bytes()) for h in body.headers
                 ],
             )
-        action = "edit-and-replay" if edit else "replay"
-        result = self._replay(who, [row], body.destination, body.keep, None, edit, action, None)
-        if not result["replayed"]:
+        try:
+            acked = self._replayer.replay(row, destination=body.destination, edit=edit)
+        except ReplayRefused as exc:
+            raise ActionRefused(400, str(exc)) from None
+        if not acked:
             raise ActionRefused(502, f"the broker did not acknowledge dead letter {letter_id}")
-        return result
+        if not body.keep:
+            self._ops.delete_dead_letters([letter_id])
+        self._ops.audit(
+            actor=who.name,
+            role=who.role,
+            action="edit-and-replay" if edit else "replay",
+            ids=[letter_id],
+            count=1,
+            detail={"destination": body.destination, "kept": body.keep, "edited": edit is not None},
+        )
+        return {"replayed": 1, "ids": [letter_id], "failed": []}
 
     def _select(self, selection: Selection) -> tuple[list[dict[str, Any]], int]:
         ops = self._ops

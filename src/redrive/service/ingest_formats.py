@@ -44,10 +44,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Literal, TypeAlias, TypeVar
 
-from redrive.header_fields import FIELD_OF
+from redrive.header_fields import FIELD_OF, FailureHistory
 from redrive.headers import (
     ATTEMPT,
     DEAD_LETTER_REASON,
@@ -139,14 +139,7 @@ def ingest(incoming: Incoming, format: Format) -> IngestedLetter:
         source=f"ingest:{read_as}",
         attempt=fields.attempt,
         request=incoming.coordinates,
-        group=fields.group,
-        original_topic=fields.original_topic,
-        original_partition=fields.original_partition,
-        original_offset=fields.original_offset,
-        original_timestamp=fields.original_timestamp,
-        error_type=fields.error_type,
-        error_message=fields.error_message,
-        error_trace=fields.error_trace,
+        **fields.history.failure_history(),
     )
     return IngestedLetter(read_as, letter)
 
@@ -184,14 +177,7 @@ class _Fields:
     code: DeadLetterReason = DeadLetterReason.INGESTED
     topic: str | None = None
     attempt: int | None = None
-    group: str | None = None
-    original_topic: str | None = None
-    original_partition: int | None = None
-    original_offset: int | None = None
-    original_timestamp: int | None = None
-    error_type: str | None = None
-    error_message: str | None = None
-    error_trace: str | None = None
+    history: FailureHistory = field(default_factory=FailureHistory)
     unreadable: tuple[str, ...] = ()
 
 
@@ -287,9 +273,7 @@ def _spring(meta: list[Header], where: str) -> _Fields:
     error = (error_type, message, trace)
     if not any(error):
         error = (key_type, key_message, key_trace)
-    fields = _Fields(
-        reason="",
-        topic=topic,
+    history = FailureHistory(
         group=m.get(f"{_S}original-consumer-group", _text(MAX_VALUE_BYTES)),
         original_topic=topic,
         original_partition=m.get(f"{_S}original-partition", _big_endian(4, MAX_INT32)),
@@ -301,11 +285,14 @@ def _spring(meta: list[Header], where: str) -> _Fields:
     )
     # What failed, for a person: the root cause's class when Spring names it (the
     # exception itself is mostly a ListenerExecutionFailedException wrapping it).
-    failure = _failure(cause or fields.error_type, fields.error_message)
+    failure = _failure(cause or history.error_type, history.error_message)
     what = "Spring Kafka dead letter" if m.first else "record without kafka_dlt- headers"
-    fields.reason = f"{what} ingested from {where}{failure}"
-    fields.unreadable = tuple(m.unreadable)
-    return fields
+    return _Fields(
+        reason=f"{what} ingested from {where}{failure}",
+        topic=topic,
+        history=history,
+        unreadable=tuple(m.unreadable),
+    )
 
 
 def _connect(meta: list[Header], where: str) -> _Fields:
@@ -320,9 +307,7 @@ def _connect(meta: list[Header], where: str) -> _Fields:
         )
         if (text := m.get(_C + name, _text(MAX_VALUE_BYTES))) is not None
     ]
-    fields = _Fields(
-        reason="",
-        topic=topic,
+    history = FailureHistory(
         original_topic=topic,
         original_partition=m.get(f"{_C}partition", _decimal(MAX_INT32)),
         original_offset=m.get(f"{_C}offset", _decimal(MAX_INT64)),
@@ -332,10 +317,13 @@ def _connect(meta: list[Header], where: str) -> _Fields:
     )
     what = "Kafka Connect dead letter" if m.first else "record without __connect.errors. headers"
     about = f" ({', '.join(context)})" if context else ""
-    failure = _failure(fields.error_type, fields.error_message)
-    fields.reason = f"{what}{about} ingested from {where}{failure}"
-    fields.unreadable = tuple(m.unreadable)
-    return fields
+    failure = _failure(history.error_type, history.error_message)
+    return _Fields(
+        reason=f"{what}{about} ingested from {where}{failure}",
+        topic=topic,
+        history=history,
+        unreadable=tuple(m.unreadable),
+    )
 
 
 def _redrive(meta: list[Header], where: str) -> _Fields:
@@ -379,14 +367,7 @@ def _redrive(meta: list[Header], where: str) -> _Fields:
         code=code,
         topic=read.destination if has_destination else read.original_topic,
         attempt=attempt,
-        group=read.group,
-        original_topic=read.original_topic,
-        original_partition=read.original_partition,
-        original_offset=read.original_offset,
-        original_timestamp=read.original_timestamp,
-        error_type=read.error_type,
-        error_message=read.error_message,
-        error_trace=read.error_trace,
+        history=FailureHistory(**read.failure_history()),
         unreadable=(*unreadable, *m.unreadable),
     )
 

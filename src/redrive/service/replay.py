@@ -3,15 +3,14 @@
 A replayed message carries the dead letter's key, value and the user's own headers;
 the redrive headers are dropped, so consumers see a fresh message with a fresh
 attempt count. The destination must pass the same allowlist as retry requests and
-exist: an operator cannot use replay to write where a request could not. Sending is
-paced at `rate` messages per second, and each message counts only once the broker
-acknowledged it.
+exist: an operator cannot use replay to write where a request could not. A message
+counts only once the broker acknowledged it. Bulk replays run as paced background
+jobs (:mod:`redrive.service.replay_jobs`) that build their messages the same way.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,36 +69,24 @@ class Replayer:
         return str(destination)
 
     def replay(
-        self,
-        rows: Sequence[dict[str, Any]],
-        *,
-        destination: str | None = None,
-        edit: Edit | None = None,
-        rate_per_s: float = 500.0,
-    ) -> list[int]:
-        """Send each row; returns the ids the broker acknowledged. Checks every
-        destination before sending anything."""
-        targets = [self.destination_of(row, destination) for row in rows]
-        acked: list[int] = []
-        started = time.monotonic()
-        for index, (row, target) in enumerate(zip(rows, targets, strict=True)):
-            value, headers = replayed_message(row, edit)
+        self, row: dict[str, Any], *, destination: str | None = None, edit: Edit | None = None
+    ) -> bool:
+        """Send one dead letter (bulk replays are jobs: :mod:`.replay_jobs`); True once
+        the broker acknowledged it. Checks the destination before sending."""
+        target = self.destination_of(row, destination)
+        value, headers = replayed_message(row, edit)
+        acked: list[bool] = []
 
-            def done(err: KafkaError | None, msg: Message, row_id: int = row["id"]) -> None:
-                if err is None:  # a refused message is left out: its dead letter stays
-                    acked.append(row_id)
+        def done(err: KafkaError | None, msg: Message) -> None:
+            acked.append(err is None)  # a refused message is left out: its letter stays
 
-            produce_patiently(
-                self._producer,
-                target,
-                key=row["msg_key"],
-                value=value,
-                headers=headers,
-                on_delivery=done,
-            )
-            # Paced between messages only: nothing waits after the last one.
-            ahead = (index + 1) / rate_per_s - (time.monotonic() - started)
-            if ahead > 0 and index + 1 < len(rows):
-                self._producer.poll(ahead)
+        produce_patiently(
+            self._producer,
+            target,
+            key=row["msg_key"],
+            value=value,
+            headers=headers,
+            on_delivery=done,
+        )
         self._producer.flush(30)
-        return sorted(acked)
+        return acked == [True]
