@@ -1,11 +1,11 @@
-"""Kafka headers as JSON, losslessly: how a message's headers are kept at rest.
+"""Kafka headers as JSON, losslessly: how the Spark scheduler keeps them in its state.
 
-The retry service stores a message's headers in a jsonb column and the Spark
-scheduler keeps them in its state as JSON; both use this one format, so a header
-list goes in and comes out byte for byte: a JSON list of ``[name, base64 value or
-null]``. PostgreSQL's jsonb cannot hold a NUL character, so a name containing one
-(only a forged message would) is stored base64-encoded, with a third element
-``"b64"``.
+A header list goes in and comes out byte for byte: a JSON list of ``[name, base64
+value or null]``. PostgreSQL's jsonb cannot hold a NUL character, so a name containing
+one (only a forged message would) is stored base64-encoded, with a third element
+``"b64"``: the retry service's store used this format in a jsonb column up to schema
+version 6 (it now packs headers with MessagePack, ``service/store/packed_headers.py``,
+and migration 007 converted the rows written before).
 """
 
 from __future__ import annotations

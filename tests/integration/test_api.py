@@ -399,15 +399,15 @@ def test_extreme_stored_numbers_show_in_the_api_and_the_ui(env: Env) -> None:
             "INSERT INTO redrive_dead_letters (topic, headers, reason_code, reason, source, "
             "error_message, original_timestamp, original_partition, original_offset, "
             "request_partition, request_offset) VALUES "
-            "('t', '[]', 'x', 'y', 'test', 'smallest', %s, %s, %s, %s, %s), "
-            "('t', '[]', 'x', 'y', 'test', 'epoch', 0, 0, 0, 0, 0), "
-            "('t', '[]', 'x', 'y', 'test', 'before', -1, -1, -1, -1, -1)",
+            "('t', '\\x90', 'x', 'y', 'test', 'smallest', %s, %s, %s, %s, %s), "
+            "('t', '\\x90', 'x', 'y', 'test', 'epoch', 0, 0, 0, 0, 0), "
+            "('t', '\\x90', 'x', 'y', 'test', 'before', -1, -1, -1, -1, -1)",
             (INT64_MIN, INT32_MIN, INT64_MIN, INT32_MIN, INT64_MIN),
         )
         conn.execute(
             "INSERT INTO redrive_pending (due_ms, destination, headers, attempt, deadline_ms, "
             "request_topic, request_partition, request_offset) VALUES "
-            "(%s, 'nowhere', '[]', 1, %s, 'r', 0, 1)",
+            "(%s, 'nowhere', '\\x90', 1, %s, 'r', 0, 1)",
             (INT64_MAX, INT64_MIN),
         )
     expected = {"largest": INT64_MAX, "smallest": INT64_MIN, "epoch": 0, "before": -1}
@@ -439,7 +439,7 @@ def test_deeply_nested_json_payloads_are_shown_as_text(env: Env) -> None:
         for depth in (300, 5000):
             conn.execute(
                 "INSERT INTO redrive_dead_letters (topic, msg_value, headers, reason_code, "
-                "reason, source, error_message) VALUES ('t', %s, '[]', 'x', 'y', 'test', %s)",
+                "reason, source, error_message) VALUES ('t', %s, '\\x90', 'x', 'y', 'test', %s)",
                 (b"[" * depth + b"]" * depth, f"nested {depth}"),
             )
     for depth in (300, 5000):

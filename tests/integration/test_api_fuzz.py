@@ -107,9 +107,9 @@ def seed_extremes(database_url: str) -> None:
             "group_id, original_topic, original_partition, original_offset, "
             "original_timestamp, error_type, error_message, reason_code, reason, source, "
             "request_topic, request_partition, request_offset) VALUES "
-            "('extreme-min', NULL, '\\x00ff'::bytea, '[]', %s, 'g', 'o', %s, %s, %s, "
+            "('extreme-min', NULL, '\\x00ff'::bytea, '\\x90', %s, 'g', 'o', %s, %s, %s, "
             " 'E', 'm', 'x', 'y', 'test', NULL, %s, %s), "
-            "('extreme-zero', ''::bytea, ''::bytea, '[]', 0, NULL, NULL, 0, 0, 0, "
+            "('extreme-zero', ''::bytea, ''::bytea, '\\x90', 0, NULL, NULL, 0, 0, 0, "
             " NULL, NULL, 'x', 'y', 'test', NULL, 0, 0)",
             (INT32_MIN, INT32_MIN, INT64_MIN, INT64_MIN, INT32_MIN, INT64_MIN),
         )
@@ -117,8 +117,8 @@ def seed_extremes(database_url: str) -> None:
             "INSERT INTO redrive_pending (due_ms, destination, dest_partition, headers, "
             "attempt, group_id, deadline_ms, original_topic, original_partition, "
             "original_offset, request_topic, request_partition, request_offset) VALUES "
-            "(%s, 'extreme-max', %s, '[]', %s, 'g', %s, 'o', %s, %s, 'seeded', %s, %s), "
-            "(%s, 'extreme-min', NULL, '[]', 1, NULL, %s, NULL, NULL, NULL, 'seeded', 0, 0) "
+            "(%s, 'extreme-max', %s, '\\x90', %s, 'g', %s, 'o', %s, %s, 'seeded', %s, %s), "
+            "(%s, 'extreme-min', NULL, '\\x90', 1, NULL, %s, NULL, NULL, NULL, 'seeded', 0, 0) "
             "ON CONFLICT DO NOTHING",
             (
                 INT64_MAX,

@@ -28,9 +28,9 @@ from hypothesis import strategies as st
 
 from redrive import App, Message, policy
 from redrive.consumer import AsyncHandlerError
-from redrive.header_json import headers_from_json
 from redrive.headers import decode, is_redrive_header
 from redrive.policy import DeadLetter, DeadLetterReason
+from redrive.service.store.packed_headers import unpack_headers
 from tests.integration.consumer_harness import Calls, retry_service, running_app
 from tests.integration.kcat import RawHeader, kcat_produce
 from tests.integration.service_harness import (
@@ -411,9 +411,7 @@ def _store_collector(database: str, outcomes: Outcomes) -> Callable[[], None]:
         for row in dead_letters(database):
             key = None if row["msg_key"] is None else bytes(row["msg_key"])
             value = None if row["msg_value"] is None else bytes(row["msg_value"])
-            users = [
-                (n, v) for n, v in headers_from_json(row["headers"]) if not is_redrive_header(n)
-            ]
+            users = [(n, v) for n, v in unpack_headers(row["headers"]) if not is_redrive_header(n)]
             outcomes.dead_letter(key, value, users, row["reason"] or "")
 
     return collect

@@ -20,9 +20,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from redrive.header_json import headers_from_json
 from redrive.headers import DESTINATION, RETRY_AT
 from redrive.service.service import RetryService
+from redrive.service.store.packed_headers import unpack_headers
 from tests.integration.kcat import RawHeader, kcat_produce
 from tests.integration.service_harness import (
     Collector,
@@ -111,7 +111,7 @@ def test_a_poison_pill_request_is_a_dead_letter_and_intake_goes_on(
     assert bytes(letter["msg_key"]) == key and bytes(letter["msg_value"]) == value
     assert letter["reason_code"] == "invalid_request"
     assert "not valid UTF-8" in letter["reason"] and "2 of 5" in letter["reason"]
-    assert headers_from_json(letter["headers"]) == [
+    assert unpack_headers(letter["headers"]) == [
         (DESTINATION, dest.encode()),
         (RETRY_AT, due),
         ("trace-id", b"abc"),
@@ -271,7 +271,7 @@ def each_ends_delivered_or_dead(intake: Intake, records: list[Hostile]) -> None:
     def accounted() -> set[bytes]:
         seen = {m for d in intake.collector.received for m in _marks_of(d.headers)}
         for letter in dead_letters(intake.database_url):
-            seen.update(_marks_of(headers_from_json(letter["headers"])))
+            seen.update(_marks_of(unpack_headers(letter["headers"])))
         return seen
 
     def all_accounted() -> bool:

@@ -13,9 +13,9 @@ import dataclasses
 import psycopg
 import pytest
 
-from redrive.header_json import headers_from_json
 from redrive.records import PendingRetry, RequestCoordinates
 from redrive.service.store import Store
+from redrive.service.store.packed_headers import unpack_headers
 from tests.integration.service_harness import fresh_database, now_ms
 
 pytestmark = pytest.mark.integration
@@ -47,7 +47,7 @@ def _stored(url: str) -> list[tuple[int, bytes, bytes, list[tuple[str, bytes | N
             "SELECT request_offset, msg_key, msg_value, headers FROM redrive_pending"
             " ORDER BY request_offset"
         ).fetchall()
-    return [(o, k, v, headers_from_json(h)) for o, k, v, h in rows]
+    return [(o, k, v, unpack_headers(h)) for o, k, v, h in rows]
 
 
 @pytest.fixture

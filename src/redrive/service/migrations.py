@@ -42,8 +42,9 @@ def available() -> list[Migration]:
     return found
 
 
-def migrate(conn: psycopg.Connection[Any]) -> list[str]:
-    """Apply the migrations this database lacks; returns the names applied."""
+def migrate(conn: psycopg.Connection[Any], *, up_to: int | None = None) -> list[str]:
+    """Apply the migrations this database lacks (those numbered up to `up_to` only, if
+    given: upgrade tests start from an older schema); returns the names applied."""
     applied: list[str] = []
     with conn.transaction():
         conn.execute(
@@ -65,7 +66,7 @@ def migrate(conn: psycopg.Connection[Any]) -> list[str]:
                     f"redrive knows ({newest_known})",
                     "upgrade redrive, or point it at another database",
                 )
-            if migration.version <= current:
+            if migration.version <= current or (up_to is not None and migration.version > up_to):
                 continue
             conn.execute(migration.sql.encode())
             conn.execute(

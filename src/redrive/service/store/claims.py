@@ -17,10 +17,10 @@ from typing import Any
 import psycopg
 
 from redrive.clock import now_ms as clock_ms
-from redrive.header_json import headers_from_json
 from redrive.headers import Header
 from redrive.reasons import DeadLetterReason
 from redrive.service.store import history, key_queues
+from redrive.service.store.packed_headers import unpack_headers
 from redrive.service.store.stats import COUNT_MINUTE, per_topic
 
 _CLAIM_DUE = """
@@ -117,7 +117,7 @@ def claim_due(conn: psycopg.Connection[Any], *, now_ms: int, limit: int) -> list
     """Lock up to `limit` due rows nobody holds, in due order, in the open transaction."""
     rows = conn.execute(_CLAIM_DUE, {"now": now_ms, "limit": limit}, binary=True)
     return [
-        ClaimedRetry(r[0], r[1], r[2], r[3], r[4], r[5], headers_from_json(r[6]), r[7], r[8])
+        ClaimedRetry(r[0], r[1], r[2], r[3], r[4], r[5], unpack_headers(r[6]), r[7], r[8])
         for r in rows
     ]
 

@@ -12,7 +12,7 @@ from typing import Any, Final
 import psycopg
 from psycopg.rows import dict_row
 
-from redrive.header_json import headers_from_json
+from redrive.service.store.packed_headers import unpack_headers
 from redrive.service.store.rows import Condition, Row, decoded
 
 COLUMNS: Final = """
@@ -76,5 +76,5 @@ def latest(conn: psycopg.Connection[Any], *, limit: int) -> list[Row]:
             (limit,),
         ).fetchall()
     for row in rows:
-        row["headers"] = headers_from_json(row["headers"])
+        row["headers"] = unpack_headers(row["headers"])
     return rows

@@ -13,11 +13,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import psycopg
-from psycopg.types.json import Jsonb
 
-from redrive.header_json import headers_as_json, headers_to_json
 from redrive.records import DeadLetterRecord, PendingRetry, Release
 from redrive.service.store import key_queues
+from redrive.service.store.packed_headers import pack_headers
 from redrive.service.store.rows import clean_text
 from redrive.service.store.stats import COUNT_MINUTE, per_topic
 from redrive.service.store.wakeups import notify_due
@@ -33,7 +32,7 @@ _PENDING_COLUMNS = (
 # hex (2 KiB for a 1 KiB message) that PostgreSQL then parses.
 _COPY_PENDING = f"COPY redrive_pending ({_PENDING_COLUMNS}) FROM STDIN (FORMAT BINARY)"
 _PENDING_TYPES = [  # the types of _PENDING_COLUMNS, in order
-    "int8", "text", "int4", "bytea", "bytea", "jsonb", "int4", "text", "int8",
+    "int8", "text", "int4", "bytea", "bytea", "bytea", "int4", "text", "int8",
     "text", "int4", "int8", "text", "int4", "int8", "bytea", "bool",
 ]  # fmt: skip
 # When a row of the batch is already stored (a request read again after a crash, a
@@ -56,7 +55,7 @@ INSERT INTO redrive_dead_letters (
     topic, msg_key, msg_value, headers, attempt, group_id, original_topic,
     original_partition, original_offset, original_timestamp, error_type, error_message,
     error_trace, reason_code, reason, source, request_topic, request_partition, request_offset)
-VALUES (%s, %s, %s, %s::jsonb, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 ON CONFLICT DO NOTHING
 """
 
@@ -68,7 +67,7 @@ def _pending_params(row: PendingRetry) -> tuple[Any, ...]:
         row.partition,
         row.key,
         row.value,
-        Jsonb(headers_as_json(row.headers)),
+        pack_headers(row.headers),
         row.attempt,
         clean_text(row.group),
         row.deadline_ms,
@@ -90,7 +89,7 @@ def _dead_params(row: DeadLetterRecord) -> tuple[Any, ...]:
         clean_text(row.topic),
         row.key,
         row.value,
-        headers_to_json(row.headers),
+        pack_headers(row.headers),
         row.attempt,
         clean_text(row.group),
         clean_text(row.original_topic),

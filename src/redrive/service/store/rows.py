@@ -1,14 +1,14 @@
 """Values between Python and the store's columns, both ways.
 
 In: text for a display column, which PostgreSQL cannot store with a NUL in it. Out:
-rows as dicts, their headers decoded from JSON and their key and value as bytes.
+rows as dicts, their headers unpacked and their key and value as bytes.
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol, TypeAlias
 
-from redrive.header_json import headers_from_json
+from redrive.service.store.packed_headers import unpack_headers
 
 Row: TypeAlias = dict[str, Any]
 """One row as a dict of column name to value."""
@@ -32,7 +32,7 @@ def clean_text(text: str | None) -> str | None:
 def decoded(rows: list[Row]) -> list[Row]:
     """Rows as callers use them: headers as a header list, key and value as bytes."""
     for row in rows:
-        row["headers"] = headers_from_json(row["headers"])
+        row["headers"] = unpack_headers(row["headers"])
         for name in ("msg_key", "msg_value"):
             if row.get(name) is not None:
                 row[name] = bytes(row[name])
