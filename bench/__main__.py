@@ -106,7 +106,9 @@ def main(argv: list[str] | None = None) -> list[Result]:
                     "no service storing retries can pass it",
                 )
             )
-            for instances in (1, 2):
+            # One `redrive serve` each, with 1, 2 and 3 workers (whole services as
+            # processes side by side): the goal is against the relay through PostgreSQL.
+            for workers in (1, 2, 3):
                 e2e = _best(
                     rounds,
                     lambda: service.end_to_end(
@@ -114,19 +116,19 @@ def main(argv: list[str] | None = None) -> list[Result]:
                         stack.database_url,
                         size["e2e"],
                         workdir,
-                        instances=instances,  # noqa: B023 - called at once, in this iteration
+                        workers=workers,  # noqa: B023 - called at once, in this iteration
                     ),
                 )
-                print(f"service end to end, {instances} process(es): {e2e}")
-                ratio = e2e["per_s"] / limit
+                print(f"service end to end, {workers} worker(s): {e2e}")
+                e2e["of_raw_kafka"] = e2e["per_s"] / limit
                 e2e["of_ceiling"] = e2e["per_s"] / ceiling["per_s"]
-                e2e["of_stored_ceiling"] = e2e["per_s"] / stored["per_s"]
+                ratio = e2e["of_stored_ceiling"] = e2e["per_s"] / stored["per_s"]
                 results.append(
                     Result(
-                        f"2 service e2e, {instances} proc",
-                        f"{ratio:.2f}x of raw Kafka",
-                        ">= 0.25x",
-                        ratio >= 0.25,
+                        f"2 service e2e, {workers} worker{'s' if workers > 1 else ''}",
+                        f"{ratio:.2f}x of the relay through PostgreSQL",
+                        ">= 0.7x",
+                        ratio >= 0.7,
                         _round(e2e),
                     )
                 )

@@ -160,6 +160,8 @@ class CpuMeter:
     def _part(self, proc: psutil.Process) -> str | None:
         if proc.pid in self.named:
             return self.named[proc.pid]
+        if proc.info["ppid"] in self.named:  # a named process's workers count as it does
+            return self.named[proc.info["ppid"]]
         if proc.pid == os.getpid():
             return "benchmark"
         name = proc.info["name"] or ""
@@ -170,7 +172,7 @@ class CpuMeter:
         return None
 
     def _scan(self) -> None:
-        for proc in psutil.process_iter(["name", "cmdline"]):
+        for proc in psutil.process_iter(["name", "cmdline", "ppid"]):
             try:
                 part = self._part(proc)
             except (psutil.NoSuchProcess, psutil.AccessDenied):

@@ -30,6 +30,7 @@ from redrive.clock import now_ms
 from redrive.headers import RetryHeaders, encode
 from redrive.kafka import consume_available
 from redrive.service.store import Store
+from redrive.service.store.packed_headers import pack_headers
 
 PAYLOAD = b"x" * 1024
 
@@ -150,13 +151,16 @@ def end_to_end(
     instances: int = 1,
     database_url: str | None = None,
     roles: list[list[str]] | None = None,
+    workers: int = 1,
 ) -> dict[str, float]:
     """N requests due immediately: produce -> intake -> PostgreSQL -> scheduler -> read,
     through `instances` service processes sharing one database (a fresh one unless
-    `database_url` is given); `roles` gives each process its roles (default: all)."""
+    `database_url` is given); `roles` gives each process its roles (default: all), and
+    `workers` is each one's setting of that name."""
     destination = create_topic(bootstrap, "bench-dest", 6)
     database = database_url or fresh_database(server_url)
     first, requests_topic = service_process(bootstrap, database, destination, workdir, "e2e-0")
+    first.env["REDRIVE_WORKERS"] = str(workers)
     services = [first] + [
         ServiceProcess({**first.env, "REDRIVE_HTTP_PORT": "0"}, workdir / f"e2e-{i}.log")
         for i in range(1, instances)
@@ -189,6 +193,7 @@ def end_to_end(
     return {
         "n": n,
         "instances": instances,
+        "workers": workers,
         "per_s": n / done,
         "seconds": done,
         "produced_s": produced_s,
@@ -469,7 +474,17 @@ def fill_pending(database_url: str, destination: str, rows: int) -> float:
         ) as copy:
             for i in range(rows):
                 copy.write_row(
-                    (far + i, destination, str(i).encode(), PAYLOAD, "[]", 1, "bench-fill", 0, i)
+                    (
+                        far + i,
+                        destination,
+                        str(i).encode(),
+                        PAYLOAD,
+                        pack_headers([]),
+                        1,
+                        "bench-fill",
+                        0,
+                        i,
+                    )
                 )
         conn.commit()
         cur.execute("ANALYZE redrive_pending")

@@ -121,6 +121,10 @@ def serve(
         list[str] | None,
         typer.Option(help="Allowed destination topic or glob; repeatable. [*]"),
     ] = None,
+    workers: Annotated[
+        str | None,
+        typer.Option(help="Whole services run side by side as processes, or auto. [1]"),
+    ] = None,
 ) -> None:
     """Run the retry service: intake, scheduler and the dead-letter store.
 
@@ -138,6 +142,7 @@ def serve(
         http_port=http_port,
         roles=role or None,
         allowed_destinations=allow or None,
+        workers=workers,
     )
     configure(settings.log_format)
     service = RetryService(_on_local_stack(settings))
@@ -147,6 +152,26 @@ def serve(
         f"(/metrics /healthz /readyz); kafka {service.bootstrap}; "
         f"requests topic {settings.requests_topic}; roles {', '.join(settings.roles)}"
     )
+    raise typer.Exit(service.run_until_signal())
+
+
+@app.command("serve-worker", hidden=True)
+def serve_worker(parent_pid: int, index: int) -> None:
+    """One of the workers `redrive serve` starts (see service/workers.py): its settings
+    come on stdin; it writes the port of its metrics, then runs until its parent is gone
+    or it is signalled."""
+    from redrive.logs import configure
+    from redrive.service.config import ServiceSettings
+    from redrive.service.service import RetryService
+    from redrive.service.workers import PORT_LINE, watch_parent
+
+    settings = ServiceSettings.model_validate_json(sys.stdin.read())
+    configure(settings.log_format, fields={"worker": index})
+    service = RetryService(settings)
+    service.start()
+    typer.echo(f"{PORT_LINE}{service.http_port}")
+    sys.stdout.flush()
+    watch_parent(parent_pid, service.stop_event)
     raise typer.Exit(service.run_until_signal())
 
 

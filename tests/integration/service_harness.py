@@ -87,7 +87,10 @@ class ChildProcess:
 class ServiceProcess(ChildProcess):
     """`redrive serve` in its own process, configured through the environment."""
 
-    def __init__(self, settings: ServiceSettings, log_path: Path) -> None:
+    def __init__(
+        self, settings: ServiceSettings, log_path: Path, args: tuple[str, ...] = ()
+    ) -> None:
+        self.args = args  # `redrive serve` options, over the environment's settings
         self.env = {**os.environ}
         for name, value in settings.model_dump().items():
             if value is None:
@@ -106,7 +109,7 @@ class ServiceProcess(ChildProcess):
     def start(self) -> None:
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child writes to it until it ends
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "redrive.cli", "serve"],
+            [sys.executable, "-m", "redrive.cli", "serve", *self.args],
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,

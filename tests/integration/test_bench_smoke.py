@@ -35,8 +35,9 @@ def test_every_benchmark_runs_and_reports_its_figures(tmp_path: Path) -> None:
         "1 raw Kafka passthrough",
         "2 ceiling: Kafka relay",
         "2 ceiling: relay through PostgreSQL",
-        "2 service e2e, 1 proc",
-        "2 service e2e, 2 proc",
+        "2 service e2e, 1 worker",
+        "2 service e2e, 2 workers",
+        "2 service e2e, 3 workers",
         "3 scheduling precision",
         "4 5,000 pending",
         "4 e2e, 5,000 pending",
@@ -56,8 +57,8 @@ def test_every_benchmark_runs_and_reports_its_figures(tmp_path: Path) -> None:
     ]
     assert sorted(results) == sorted(expected)
     # Every message came back (the benchmarks raise otherwise) and was counted.
-    assert results["2 service e2e, 1 proc"]["figures"]["n"] == 1_000
-    assert results["2 service e2e, 1 proc"]["figures"]["per_s"] > 0
+    assert results["2 service e2e, 1 worker"]["figures"]["n"] == 1_000
+    assert results["2 service e2e, 1 worker"]["figures"]["per_s"] > 0
     assert results["2 ceiling: relay through PostgreSQL"]["figures"]["n"] == 1_000
     precision = results["3 scheduling precision"]["figures"]
     assert precision["n"] == 300

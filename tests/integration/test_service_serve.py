@@ -98,6 +98,7 @@ def test_serve_without_settings_uses_the_local_stack_and_says_where_it_listens(
         ({"REDRIVE_INTAKE_BATCH_SIZE": "0"}, "intake_batch_size (REDRIVE_INTAKE_BATCH_SIZE)"),
         ({"REDRIVE_REQUESTS_TOPIC": "bad topic!"}, "requests_topic (REDRIVE_REQUESTS_TOPIC)"),
         ({"REDRIVE_ROLES": '["intake", "juggler"]'}, "roles"),
+        ({"REDRIVE_WORKERS": "0"}, "workers (REDRIVE_WORKERS)"),
         ({"REDRIVE_ALLOWED_DESTINATIONS": '["ok", "no spaces"]'}, "allowed_destinations"),
         ({"REDRIVE_INGEST": '[{"topic": "no spaces!"}]'}, "ingest.0.topic (REDRIVE_INGEST)"),
         ({"REDRIVE_INGEST": '[{"topic": "t", "format": "xml"}]'}, "ingest.0.format"),

@@ -111,6 +111,12 @@ class ServiceSettings(BaseSettings):
         "when it is 0. Empty: no static membership. Each instance needs its own.",
     )
     roles: list[Role] = Field(default_factory=lambda: list(ALL_ROLES))
+    workers: int = Field(
+        1,
+        description="Whole services (intake and scheduler) this `redrive serve` runs as "
+        "processes side by side, each taking a share of the work; auto: one per core. "
+        "One process uses about 1.4 cores: with cores to spare, 2 or more carry more.",
+    )
     ingest: list[IngestTopic] = Field(
         default_factory=list,
         description="Dead-letter topics of other systems (or of redrive's Apps, "
@@ -196,6 +202,21 @@ class ServiceSettings(BaseSettings):
         if not is_topic_name(value):
             raise ValueError(f"{value!r} is not a legal Kafka topic name")
         return value
+
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _workers(cls, value: Any) -> int:
+        if value == "auto":
+            return max(1, os.cpu_count() or 1)
+        if isinstance(value, int) and not isinstance(value, bool):
+            count = value
+        elif isinstance(value, str) and value.strip().isdigit():
+            count = int(value)
+        else:
+            count = 0
+        if not 1 <= count <= 64:
+            raise ValueError("must be auto or a number of processes from 1 to 64")
+        return count
 
     @field_validator("instance_id")
     @classmethod

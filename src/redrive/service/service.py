@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
+from prometheus_client import CollectorRegistry
 
 from redrive import __version__
 from redrive.client_logs import with_client_logs
@@ -41,6 +42,7 @@ from redrive.service.replay import Replayer
 from redrive.service.replay_jobs import ReplayJobRunner
 from redrive.service.scheduler import Scheduler
 from redrive.service.store import Store, StoreUnavailable
+from redrive.service.workers import Workers, WorkersRegistry
 from redrive.sizes import producer_size_limit
 from redrive.topic_admin import TopicMetadata, ensure_topic
 
@@ -73,6 +75,9 @@ class RetryService:
         self.metrics = ServiceMetrics(
             self._pending_by_destination, self._oldest_due_ms, self.readiness
         )
+        # What /metrics shows: this process's, or all workers' added up (workers.py).
+        self.exposed_metrics: CollectorRegistry = self.metrics.registry
+        self.workers: Workers | None = None
 
     def _pending_by_destination(self) -> dict[str, int]:
         return self.store.pending_by_destination() if self.store else {}
@@ -182,6 +187,8 @@ class RetryService:
                 producer_config=producer_config,
             )
             self._spawn("intake", self.intake.run)
+        if s.workers > 1:
+            self._start_workers()
         self._start_http()
         log.info(
             "redrive serve started",
@@ -192,6 +199,18 @@ class RetryService:
             group_instance_id=s.group_instance_id() if "intake" in s.roles else None,
             producer_max_message_bytes=producer_config.get("message.max.bytes"),
         )
+
+    def _start_workers(self) -> None:
+        # After this process migrated the store and made the topics: the others find
+        # both done. They start side by side; a failure to start stops this one too.
+        self.workers = Workers(self.settings, self.settings.workers)
+        try:
+            self.workers.start()
+        except BaseException:
+            self.workers = None
+            self.stop()
+            raise
+        self.exposed_metrics = WorkersRegistry(self.metrics.registry, self.workers)
 
     def _producer_limit(self, admin: AdminClient) -> dict[str, Any]:
         """`message.max.bytes` for the scheduler's, replays' and mirror's producers:
@@ -273,6 +292,8 @@ class RetryService:
 
     def stop(self, timeout: float = 30.0) -> None:
         self.stop_event.set()
+        if self.workers is not None:
+            self.workers.stop(timeout)
         if self.scheduler is not None:
             self.scheduler.wake(0)
         for thread in self.threads:
@@ -302,7 +323,12 @@ class RetryService:
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
         while not self.stop_event.wait(0.5):
-            pass
+            ended = self.workers.ended() if self.workers is not None else None
+            if ended is not None:
+                index, code = ended
+                log.error("a worker ended; stopping the service", worker=index, exit_code=code)
+                self.failed = RuntimeError(f"worker {index} ended with exit code {code}")
+                break
         self.stop()
         if isinstance(self.failed, ConfigError):
             raise self.failed  # the command line prints it, naming the setting (exit 2)

@@ -14,6 +14,7 @@ from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
+from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Mount
 from starlette.types import Scope
@@ -22,7 +23,6 @@ from redrive.service.actions import ActionRefused, OperatorActions
 from redrive.service.auth import Tokens
 from redrive.service.config import ServiceSettings
 from redrive.service.filters import FilterError
-from redrive.service.metrics import ServiceMetrics
 from redrive.service.operations import Operations, PendingHeld
 from redrive.service.replay import Replayer
 from redrive.service.web import api, forms, pages, probes
@@ -48,7 +48,7 @@ class Service(Protocol):
     @property
     def replayer(self) -> Replayer: ...
     @property
-    def metrics(self) -> ServiceMetrics: ...
+    def exposed_metrics(self) -> CollectorRegistry: ...
     def readiness(self) -> dict[str, bool]: ...
     def wake_scheduler(self) -> None: ...
     def wake_replay_jobs(self) -> None: ...
@@ -81,7 +81,7 @@ def collaborators_of(service: Service) -> Collaborators:
             replay_max_per_request=settings.replay_max_per_request,
         ),
         pages=Pages(operations.stats, settings, service.version),
-        registry=service.metrics.registry,
+        registry=service.exposed_metrics,
         readiness=service.readiness,
     )
 

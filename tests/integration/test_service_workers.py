@@ -1,0 +1,107 @@
+"""`redrive serve` with workers: whole services as processes side by side, started,
+watched and stopped as one, with one HTTP endpoint whose metrics count them all."""
+
+from __future__ import annotations
+
+import re
+import signal
+import time
+from pathlib import Path
+
+import psutil
+from confluent_kafka.admin import AdminClient
+
+from tests.integration.service_harness import (
+    Collector,
+    ServiceProcess,
+    fresh_database,
+    now_ms,
+    produce,
+    request_headers,
+    settings_for,
+)
+from tests.integration.test_service_serve import http_get, metric
+
+
+def _http_base(log: Path) -> str:
+    found = re.search(r"listening on (http://[0-9.]+:\d+)", log.read_text(errors="replace"))
+    assert found, log.read_text()[-2000:]
+    return found.group(1)
+
+
+def _wait(condition: object, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():  # type: ignore[operator]
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"not within {timeout_s} s: {what}")
+
+
+def test_workers_share_the_work_count_as_one_and_end_together(
+    bootstrap: str, database_url: str, new_topic: object, tmp_path: Path
+) -> None:
+    destination = new_topic("dest", 3)  # type: ignore[operator]
+    settings = settings_for(
+        bootstrap,
+        fresh_database(database_url),
+        allowed_destinations=[destination],
+        workers=2,
+    )
+    log = tmp_path / "serve.log"
+    serve = ServiceProcess(settings, log)
+    serve.start()
+    collector = Collector(bootstrap, destination)
+    try:
+        assert serve.proc is not None
+        children = psutil.Process(serve.proc.pid).children()
+        assert len(children) == 1
+        n = 2_000
+        due = now_ms()
+        produce(
+            bootstrap,
+            settings.requests_topic,
+            [
+                {
+                    "key": str(i).encode(),
+                    "value": b"v%d" % i,
+                    "headers": request_headers(destination, due),
+                }
+                for i in range(n)
+            ],
+        )
+        got = collector.poll_until(n, 90)
+        assert sorted(d.value for d in got) == sorted(b"v%d" % i for i in range(n))
+        # Both took part: two members of the intake group, and the one /metrics counts
+        # what each stored (neither alone holds all six request partitions).
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        group = admin.describe_consumer_groups([settings.group_id])[settings.group_id].result()
+        assert len(group.members) == 2
+        base = _http_base(log)
+        _wait(
+            lambda: metric(http_get(f"{base}/metrics")[1], "redrive_requests_scheduled_total") == n,
+            10,
+            "the scheduled count of both workers",
+        )
+        text = http_get(f"{base}/metrics")[1]
+        published = f'redrive_retries_published_total{{destination="{destination}"}}'
+        assert metric(text, published) == n
+        assert '"worker": 1' in log.read_text()  # the child's log lines say which it is
+
+        # A worker that dies takes the service down, loudly, for its supervisor.
+        children[0].send_signal(signal.SIGKILL)
+        assert serve.proc.wait(30) == 1
+        assert "a worker ended" in log.read_text()
+
+        # A parent that is SIGKILLed leaves no worker behind (started as the docs do).
+        one = settings.model_copy(update={"workers": 1})
+        serve = ServiceProcess(one, tmp_path / "again.log", args=("--workers", "2"))
+        serve.start()
+        assert serve.proc is not None
+        child = psutil.Process(serve.proc.pid).children()[0]
+        serve.kill()
+        _wait(lambda: not child.is_running() or child.status() == "zombie", 30, "the worker ends")
+    finally:
+        collector.close()
+        if serve.alive():
+            serve.terminate()
