@@ -49,6 +49,11 @@ class TopicMetadata:
 
     def partitions_of(self, topic: str) -> int | None:
         """Partitions of `topic`, or None if it does not exist. Raises MetadataUnavailable."""
+        # Asked once per request: a fresh, known topic is answered without the lock (the
+        # cache is replaced whole on refresh, never changed in place).
+        partitions = self._partitions
+        if topic in partitions and time.monotonic() - self._refreshed_at <= self._ttl_s:
+            return partitions[topic]
         with self._lock:
             age = time.monotonic() - self._refreshed_at
             if age > self._ttl_s or (topic not in self._partitions and age > self._miss_refresh_s):

@@ -63,8 +63,7 @@ def test_json_headers_of_an_older_store_become_the_bytes_redrive_packs(
                     " VALUES ('d', %s::jsonb, 'x', 'y', 'test', 'r', 0, %s)",
                     (headers_to_json(headers), i),
                 )
-        applied = migrate(conn)
-        assert applied == ["007_packed_headers"]
+        assert migrate(conn, up_to=7) == ["007_packed_headers"]
         for table, order in (("redrive_pending", "due_ms"), ("redrive_dead_letters", "id")):
             with conn.cursor(row_factory=dict_row) as cur:
                 rows: list[dict[str, Any]] = cur.execute(

@@ -68,16 +68,24 @@ def test_a_new_batch_is_stored_whole_and_byte_for_byte(store_url: str) -> None:
     assert all(row[3] == HEADERS for row in stored)
 
 
-def test_a_batch_read_again_stores_only_its_new_requests(store_url: str) -> None:
+@pytest.mark.parametrize("names_its_failure", [False, True])
+def test_a_batch_read_again_stores_only_its_new_requests(
+    store_url: str, names_its_failure: bool
+) -> None:
+    # A request that names its failure is unique on it; one that does not, on where it
+    # was read (migration 008): either way a request read again is not stored twice.
+    def request(i: int) -> PendingRetry:
+        return _request(i, original_offset=100 + i if names_its_failure else None)
+
     store = Store(store_url)
     store.open()
     try:
-        assert store.insert_batch([_request(i) for i in range(3)], ()) == 3
+        assert store.insert_batch([request(i) for i in range(3)], ()) == 3
         # Intake crashed before committing offsets: the batch comes back, with more.
-        assert store.insert_batch([_request(i) for i in range(6)], ()) == 3
-        assert store.insert_batch([_request(i) for i in range(6)], ()) == 0
+        assert store.insert_batch([request(i) for i in range(6)], ()) == 3
+        assert store.insert_batch([request(i) for i in range(6)], ()) == 0
         # And the next batch, with nothing stored before, is whole again.
-        assert store.insert_batch([_request(i) for i in range(6, 8)], ()) == 2
+        assert store.insert_batch([request(i) for i in range(6, 8)], ()) == 2
     finally:
         store.close()
     assert [row[0] for row in _stored(store_url)] == list(range(8))
