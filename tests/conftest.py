@@ -7,6 +7,7 @@ are stopped at the end of the run.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -51,6 +52,7 @@ def new_topic(bootstrap: str) -> Callable[..., str]:
         admin = AdminClient({"bootstrap.servers": bootstrap})
         futures = admin.create_topics([NewTopic(name, num_partitions=partitions)])
         futures[name].result(timeout=30)
+        wait_for_topics(admin, [name])
         return name
 
     return create
@@ -62,3 +64,20 @@ def output_dir() -> Path:
     path = Path(__file__).resolve().parent.parent / "test-output"
     path.mkdir(exist_ok=True)
     return path
+
+
+def wait_for_topics(admin: AdminClient, names: list[str], timeout_s: float = 30) -> None:
+    """Return once the broker's metadata shows each topic with its partitions.
+
+    A created topic reaches the broker's metadata a moment after the controller
+    answers; a service that looked in that moment (and caches what it saw for a second)
+    would dead-letter requests to it as unknown_destination.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        topics = admin.list_topics(timeout=10).topics
+        if all(n in topics and topics[n].error is None and topics[n].partitions for n in names):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"topics {names} not in the broker's metadata")
+        time.sleep(0.05)

@@ -27,6 +27,7 @@ from redrive.service.filters import DeadLetterFilter, PendingFilter
 from redrive.service.operations import Operations
 from redrive.service.service import RetryService
 from redrive.service.web import create_app
+from tests.conftest import wait_for_topics
 from tests.integration.service_harness import (
     Collector,
     Delivery,
@@ -82,6 +83,7 @@ def _create_topics(bootstrap: str, *prefixes: str) -> list[str]:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for future in admin.create_topics([NewTopic(n, num_partitions=1) for n in names]).values():
         future.result(timeout=30)
+    wait_for_topics(admin, names)
     return names
 
 

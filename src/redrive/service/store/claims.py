@@ -57,9 +57,16 @@ FROM moved
 ON CONFLICT DO NOTHING
 """
 
-# Forget delivered rows and count them, in one statement.
-_DELETE_DELIVERED = """
-WITH gone AS (DELETE FROM redrive_pending WHERE id = ANY(%s) RETURNING destination)
+# Forget delivered rows, copy them to the history if it is kept, and count them: one
+# statement, so each row is found once (a copy before the delete found every row twice).
+_DELETE_DELIVERED = f"""
+WITH gone AS (
+    DELETE FROM redrive_pending WHERE id = ANY(%(ids)s) RETURNING {history.COLUMNS}
+), kept AS (
+    INSERT INTO redrive_history ({history.COLUMNS})
+    SELECT {history.COLUMNS} FROM gone WHERE %(keep_history)s
+    ON CONFLICT (id) DO NOTHING
+)
 INSERT INTO redrive_stats_minute (minute, kind, topic, count)
 SELECT date_trunc('minute', now()), 'published', destination, count(*) FROM gone
 GROUP BY destination
@@ -149,12 +156,14 @@ def settle(
     conn: psycopg.Connection[Any], settlement: Settlement, *, keep_history: bool = False
 ) -> None:
     """Record a settlement in the open transaction; with `keep_history`, what was
-    delivered is copied to the history first (:mod:`.history`)."""
-    if keep_history:
-        history.record(conn, [*settlement.delivered, *settlement.kept])
+    delivered is copied to the history (:mod:`.history`) as it leaves pending."""
     if settlement.delivered:
-        conn.execute(_DELETE_DELIVERED, (list(settlement.delivered),))
+        conn.execute(
+            _DELETE_DELIVERED, {"ids": list(settlement.delivered), "keep_history": keep_history}
+        )
     if settlement.kept:
+        if keep_history:  # heads of key queues stay pending: copied, not moved
+            history.record(conn, settlement.kept)
         key_queues.delivered(conn, settlement.kept, clock_ms())
         conn.execute(_COUNT_KEPT, (list(settlement.kept),))
     if settlement.dead:

@@ -1,10 +1,11 @@
 """Delivered retries kept as history, and a record's steps across the three tables.
 
 A delivered retry is copied to `redrive_history` in the scheduler's settling
-transaction, just before its pending row goes (or is kept, held, at the head of its
-key's queue): a row in history means the broker acknowledged that retry. Retention
-is enforced by :func:`prune`, a bounded batch at a time, so that no delete holds
-locks for long or competes with the scheduler for minutes.
+transaction, by the statement that deletes its pending row (or, for a row kept held at
+the head of its key's queue, just before it is marked delivered): a row in history
+means the broker acknowledged that retry. Retention is enforced by :func:`prune`, a
+bounded batch at a time, so that no delete holds locks for long or competes with the
+scheduler for minutes.
 
 A record (group, original topic, partition, offset) is found by its key or by its
 coordinates in pending retries, history and dead letters alike; :mod:`redrive.service.stories`
@@ -21,12 +22,15 @@ from psycopg.rows import dict_row
 
 from redrive.service.store.rows import Row, decoded
 
-_RECORD: Final = """
-INSERT INTO redrive_history (id, destination, msg_key, headers, attempt, group_id,
-    original_topic, original_partition, original_offset, due_ms, received_at)
-SELECT id, destination, msg_key, headers, attempt, group_id, original_topic,
-       original_partition, original_offset, due_ms, received_at
-FROM redrive_pending WHERE id = ANY(%s)
+COLUMNS: Final = (
+    "id, destination, msg_key, headers, attempt, group_id, original_topic, "
+    "original_partition, original_offset, due_ms, received_at"
+)
+"""The columns a history row copies from its pending row, by the same names."""
+
+_RECORD: Final = f"""
+INSERT INTO redrive_history ({COLUMNS})
+SELECT {COLUMNS} FROM redrive_pending WHERE id = ANY(%s)
 ON CONFLICT (id) DO NOTHING
 """
 
