@@ -8,11 +8,13 @@ keeper of the lines: the retry service (``service``), the tier topics (``topics`
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+from confluent_kafka.admin import AdminClient
 
 from redrive import App, Message
 from redrive.errors import ConfigError
@@ -106,7 +108,12 @@ def test_later_records_of_a_key_wait_behind_its_retry(
 
 
 def _app(
-    bootstrap: str, topic: str, requests_topic: str, handler: Callable[..., Any], strategy: str
+    bootstrap: str,
+    topic: str,
+    requests_topic: str,
+    handler: Callable[..., Any],
+    strategy: str,
+    policy: str = "1s x3",
 ) -> App:
     """Dead letters go to the service with every strategy (the test reads them there);
     the tier topics keep key lines only with transactions."""
@@ -122,7 +129,7 @@ def _app(
         topic,
         handler,
         strategy=strategy,
-        policy="1s x3",
+        policy=policy,
         ordering="key",
         dead_letters="service",
     )
@@ -234,3 +241,71 @@ def _statuses_come_in_order(bootstrap: str, topic: str, example: dict[str, Any])
     done = ["PAID", "SHIPPED", "DELIVERED"]
     assert wait_for(lambda: statuses.get("7") == done, 30), statuses
     assert wait_for(lambda: statuses.get("9") == ["PAID", "SHIPPED"], 30), statuses
+
+
+@pytest.mark.parametrize("strategy", ["service", "topics"])
+def test_held_keys_move_with_their_partition_to_an_instance_that_joins(
+    strategy: str, bootstrap: str, database_url: str, new_topic: Callable[..., str]
+) -> None:
+    # Eight keys over two partitions, each first record failing (retried every 5 s)
+    # until a second instance has joined the group and taken one partition: the held
+    # keys of that partition, and what waits behind them, are the newcomer's now. A
+    # third record of each key, produced once it joined, reaches the newcomer before
+    # the head's next retry: it must wait, known held from the held-keys topic alone.
+    topic = new_topic("key-order-join", partitions=2)
+    keys = [b"k%d" % i for i in range(8)]
+    joined = threading.Event()
+    lock = threading.Lock()
+    calls: list[tuple[str, bytes, bytes, int]] = []  # instance, key, value, attempt
+    succeeded: list[tuple[bytes, bytes]] = []
+
+    def handler_of(instance: str) -> Callable[[Message], None]:
+        def handler(message: Message) -> None:
+            assert message.key is not None and message.raw_value is not None
+            with lock:
+                calls.append((instance, message.key, message.raw_value, message.attempt))
+            if message.raw_value.endswith(b"-1") and not joined.is_set():
+                raise Flaky("each key's first record fails until the second instance joined")
+            with lock:
+                succeeded.append((message.key, message.raw_value))
+
+        return handler
+
+    def done(key: bytes) -> list[bytes]:
+        with lock:
+            return [v for k, v in succeeded if k == key]
+
+    with retry_service(bootstrap, database_url, allowed_destinations=[topic]) as service:
+        requests = service.settings.requests_topic
+        first = _app(bootstrap, topic, requests, handler_of("first"), strategy, "5s x10")
+        with running_app(first):
+            for key in keys:
+                produce(bootstrap, topic, _records(key, [key + b"-1", key + b"-2"]))
+            assert wait_for(lambda: len({c[1] for c in calls}) == len(keys), 20)
+            second = _app(bootstrap, topic, requests, handler_of("second"), strategy, "5s x10")
+            with running_app(second):
+                assert wait_for(lambda: _members_reading(bootstrap, f"g-{topic}", topic) == 2, 30)
+                for key in keys:
+                    produce(bootstrap, topic, _records(key, [key + b"-3"]))
+                joined.set()
+                assert wait_for(lambda: all(len(done(k)) == 3 for k in keys), 60)
+    for key in keys:
+        assert done(key) == [key + b"-1", key + b"-2", key + b"-3"], key
+        values = [v for _, k, v, _ in calls if k == key]
+        # Nothing behind the head reached a handler before the head succeeded.
+        heads = values.count(key + b"-1")
+        assert values == [key + b"-1"] * heads + [key + b"-2", key + b"-3"], values
+    # The second instance took keys that the first held when it joined.
+    moved = {k for i, k, v, a in calls if i == "second" and v.endswith(b"-1")}
+    assert moved, "no held key changed hands: the test proves nothing"
+
+
+def _members_reading(bootstrap: str, group: str, topic: str) -> int:
+    """How many members of the group are assigned a partition of `topic`."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    described = admin.describe_consumer_groups([group])[group].result(timeout=10)
+    return sum(
+        1
+        for member in described.members
+        if any(tp.topic == topic for tp in member.assignment.topic_partitions)
+    )
