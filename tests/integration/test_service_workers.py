@@ -9,8 +9,11 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 from confluent_kafka.admin import AdminClient
 
+from redrive.errors import ConfigError
+from redrive.service.workers import Worker
 from tests.integration.service_harness import (
     Collector,
     ServiceProcess,
@@ -105,3 +108,12 @@ def test_workers_share_the_work_count_as_one_and_end_together(
         collector.close()
         if serve.alive():
             serve.terminate()
+
+
+def test_a_worker_that_cannot_start_stops_start_up_naming_the_setting(bootstrap: str) -> None:
+    settings = settings_for(bootstrap, "postgresql://nobody@127.0.0.1:1/none", workers=2)
+    worker = Worker(settings, 1)
+    with pytest.raises(ConfigError) as refused:
+        worker.wait_started()
+    assert refused.value.setting == "workers (REDRIVE_WORKERS)"
+    assert "worker 1 ended before it started (exit code 2)" in refused.value.problem

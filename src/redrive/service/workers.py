@@ -34,6 +34,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from redrive.errors import ConfigError
 from redrive.service.config import ServiceSettings
 
 log = structlog.get_logger("redrive.service.workers")
@@ -87,7 +88,11 @@ class Worker:
                 return
             sys.stdout.write(line)
         code = self.proc.wait()
-        raise RuntimeError(f"worker {self.index} ended before it started (exit code {code})")
+        raise ConfigError(
+            "workers (REDRIVE_WORKERS)",
+            f"worker {self.index} ended before it started (exit code {code})",
+            f"see its log lines above (worker={self.index}), or run fewer workers",
+        )
 
     def metrics_text(self) -> str:
         if self.port is None:
