@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import psutil
+import psycopg
 import pytest
 from confluent_kafka.admin import AdminClient
 
@@ -110,9 +111,15 @@ def test_workers_share_the_work_count_as_one_and_end_together(
             serve.terminate()
 
 
-def test_a_worker_that_cannot_start_stops_start_up_naming_the_setting(bootstrap: str) -> None:
-    settings = settings_for(bootstrap, "postgresql://nobody@127.0.0.1:1/none", workers=2)
-    worker = Worker(settings, 1)
+def test_a_worker_that_cannot_start_stops_start_up_naming_the_setting(
+    bootstrap: str, database_url: str
+) -> None:
+    # A store newer than this redrive: the worker refuses it at once (exit code 2).
+    url = fresh_database(database_url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE TABLE redrive_schema_migrations (version integer, name text)")
+        conn.execute("INSERT INTO redrive_schema_migrations VALUES (999, 'from_the_future')")
+    worker = Worker(settings_for(bootstrap, url, workers=2), 1)
     with pytest.raises(ConfigError) as refused:
         worker.wait_started()
     assert refused.value.setting == "workers (REDRIVE_WORKERS)"
