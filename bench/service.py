@@ -6,8 +6,6 @@ stack; requests are produced with confluent-kafka and the destination is read ba
 
 from __future__ import annotations
 
-import contextlib
-import json
 import marshal
 import multiprocessing
 import random
@@ -148,31 +146,21 @@ def end_to_end(
     server_url: str,
     n: int,
     workdir: Path,
-    instances: int = 1,
     database_url: str | None = None,
-    roles: list[list[str]] | None = None,
     workers: int = 1,
 ) -> dict[str, float]:
     """N requests due immediately: produce -> intake -> PostgreSQL -> scheduler -> read,
-    through `instances` service processes sharing one database (a fresh one unless
-    `database_url` is given); `roles` gives each process its roles (default: all), and
-    `workers` is each one's setting of that name."""
+    through one `redrive serve` with `workers` workers (whole services as processes) on
+    one database (a fresh one unless `database_url` is given)."""
     destination = create_topic(bootstrap, "bench-dest", 6)
     database = database_url or fresh_database(server_url)
-    first, requests_topic = service_process(bootstrap, database, destination, workdir, "e2e-0")
-    first.env["REDRIVE_WORKERS"] = str(workers)
-    services = [first] + [
-        ServiceProcess({**first.env, "REDRIVE_HTTP_PORT": "0"}, workdir / f"e2e-{i}.log")
-        for i in range(1, instances)
-    ]
-    for service, its_roles in zip(services, roles or [], strict=False):
-        service.env["REDRIVE_ROLES"] = json.dumps(its_roles)
-    with contextlib.ExitStack() as stack:
-        for service in services:
-            stack.enter_context(service)
-        bases = [_http_base(service.log) for service in services]
-        assert all(service.proc for service in services)
-        cpu = CpuMeter({service.proc.pid: "service" for service in services if service.proc})
+    serve, requests_topic = service_process(bootstrap, database, destination, workdir, "e2e")
+    serve.env["REDRIVE_WORKERS"] = str(workers)
+    with serve:
+        base = _http_base(serve.log)
+        assert serve.proc is not None
+        # Its workers are its children: the meter counts their CPU as the service's.
+        cpu = CpuMeter({serve.proc.pid: "service"})
         started = time.perf_counter()
         ingested: list[float] = []
 
@@ -182,23 +170,22 @@ def end_to_end(
             # Scraping /metrics costs the service CPU too: 5 times a second is enough.
             if not ingested and time.perf_counter() - checked[0] >= 0.2:
                 checked[0] = time.perf_counter()
-                if sum(_metric(b, "redrive_requests_scheduled_total") for b in bases) >= n:
+                # Worker 0's /metrics counts every worker's.
+                if _metric(base, "redrive_requests_scheduled_total") >= n:
                     ingested.append(checked[0] - started)
-            for service in services:
-                service.sample_rss()
+            serve.sample_rss()
 
         done, produced_s, cpu_us = _send_and_read_back(
             bootstrap, requests_topic, destination, n, cpu, watch
         )
     return {
         "n": n,
-        "instances": instances,
         "workers": workers,
         "per_s": n / done,
         "seconds": done,
         "produced_s": produced_s,
         "ingested_s": ingested[0] if ingested else done,
-        "rss_mb": max(service.peak_rss for service in services) / 2**20,
+        "rss_mb": serve.peak_rss / 2**20,  # worker 0's
         "cpu_us_per_msg": cpu_us,  # type: ignore[dict-item]
     }
 
@@ -472,6 +459,7 @@ def fill_pending(database_url: str, destination: str, rows: int) -> float:
             " attempt, request_topic, request_partition, request_offset)"
             " FROM STDIN"
         ) as copy:
+            empty = pack_headers([])
             for i in range(rows):
                 copy.write_row(
                     (
@@ -479,7 +467,7 @@ def fill_pending(database_url: str, destination: str, rows: int) -> float:
                         destination,
                         str(i).encode(),
                         PAYLOAD,
-                        pack_headers([]),
+                        empty,
                         1,
                         "bench-fill",
                         0,

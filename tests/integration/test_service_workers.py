@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import signal
-import time
 from pathlib import Path
 
 import psutil
@@ -23,6 +22,7 @@ from tests.integration.service_harness import (
     produce,
     request_headers,
     settings_for,
+    wait_until,
 )
 from tests.integration.test_service_serve import http_get, metric
 
@@ -31,15 +31,6 @@ def _http_base(log: Path) -> str:
     found = re.search(r"listening on (http://[0-9.]+:\d+)", log.read_text(errors="replace"))
     assert found, log.read_text()[-2000:]
     return found.group(1)
-
-
-def _wait(condition: object, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():  # type: ignore[operator]
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout_s} s: {what}")
 
 
 def test_workers_share_the_work_count_as_one_and_end_together(
@@ -82,7 +73,7 @@ def test_workers_share_the_work_count_as_one_and_end_together(
         group = admin.describe_consumer_groups([settings.group_id])[settings.group_id].result()
         assert len(group.members) == 2
         base = _http_base(log)
-        _wait(
+        wait_until(
             lambda: metric(http_get(f"{base}/metrics")[1], "redrive_requests_scheduled_total") == n,
             10,
             "the scheduled count of both workers",
@@ -104,7 +95,9 @@ def test_workers_share_the_work_count_as_one_and_end_together(
         assert serve.proc is not None
         child = psutil.Process(serve.proc.pid).children()[0]
         serve.kill()
-        _wait(lambda: not child.is_running() or child.status() == "zombie", 30, "the worker ends")
+        wait_until(
+            lambda: not child.is_running() or child.status() == "zombie", 30, "the worker ends"
+        )
     finally:
         collector.close()
         if serve.alive():

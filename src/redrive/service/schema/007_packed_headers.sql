@@ -2,8 +2,8 @@
 -- of [name (str), value (bin or nil)] pairs. The rows stored before as JSON lists of
 -- [name, base64 value or null] (a name with a NUL base64 too, flagged "b64") are
 -- converted here, in SQL, to exactly the bytes msgpack writes (tested byte for byte).
--- Each table is rewritten once: on a large store the upgrade takes a while (about a
--- minute per million rows), in one transaction.
+-- Each table is rewritten once, in one transaction that locks it: on a large store the
+-- upgrade takes a while (not measured), with the old version stopped.
 
 -- MessagePack's length prefixes: the shortest form for n, as msgpack writes it.
 CREATE FUNCTION pg_temp.redrive_mp_length(n integer, fix integer, fix_max integer,
