@@ -6,6 +6,7 @@ stack; requests are produced with confluent-kafka and the destination is read ba
 
 from __future__ import annotations
 
+import json
 import marshal
 import multiprocessing
 import random
@@ -20,9 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, ConsumerGroupState, Producer
+from confluent_kafka.admin import AdminClient
 
-from bench.common import CpuMeter, ServiceProcess, create_topic, fresh_database
+from bench.common import CpuMeter, ServiceProcess, create_topic, fresh_database, quiet_database
 from bench.kafka_raw import CONSUMER_TUNING, PRODUCER_TUNING
 from redrive.clock import now_ms
 from redrive.headers import RetryHeaders, encode
@@ -31,6 +33,7 @@ from redrive.service.store import Store
 from redrive.service.store.packed_headers import pack_headers
 
 PAYLOAD = b"x" * 1024
+RELAY_LINGER_MS = 5
 
 
 def _metric(base: str, name: str) -> float:
@@ -82,6 +85,24 @@ class Reader(threading.Thread):
             if msgs:
                 self.last_arrival = time.perf_counter()
         self.consumer.close()
+
+
+def wait_for_group(bootstrap: str, group: str, members: int, timeout_s: float = 60) -> None:
+    """Wait until `group` is stable with `members` members, each assigned partitions:
+    the clock of a run must not start in the middle of the rebalance that the joining of
+    a service's workers makes (the relay, too, is in its group before its clock starts)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        described = admin.describe_consumer_groups([group])[group].result(timeout=10)
+        if (
+            described.state == ConsumerGroupState.STABLE
+            and len(described.members) == members
+            and all(m.assignment.topic_partitions for m in described.members)
+        ):
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"group {group} not stable with {members} members in {timeout_s} s")
 
 
 def _requests(destination: str, n: int, due: list[int]) -> list[tuple[bytes, list]]:  # type: ignore[type-arg]
@@ -156,9 +177,15 @@ def end_to_end(
     database = database_url or fresh_database(server_url)
     serve, requests_topic = service_process(bootstrap, database, destination, workdir, "e2e")
     serve.env["REDRIVE_WORKERS"] = str(workers)
+    # The Kafka clients tuned as the relays' are (through the service's own settings):
+    # the ratio compares what each does per message, not their librdkafka defaults.
+    serve.env["REDRIVE_INTAKE_KAFKA"] = json.dumps(CONSUMER_TUNING)
+    serve.env["REDRIVE_SCHEDULER_KAFKA"] = json.dumps({"linger.ms": RELAY_LINGER_MS})
     with serve:
         base = _http_base(serve.log)
         assert serve.proc is not None
+        wait_for_group(bootstrap, serve.env["REDRIVE_GROUP_ID"], workers)
+        quiet_database(database)
         # Its workers are its children: the meter counts their CPU as the service's.
         cpu = CpuMeter({serve.proc.pid: "service"})
         started = time.perf_counter()
@@ -218,6 +245,7 @@ def relay_ceiling(bootstrap: str, n: int, database_url: str | None = None) -> di
     else:
         with psycopg.connect(database_url, autocommit=True) as conn:
             conn.execute(_RELAY_TABLE)
+        quiet_database(database_url)
         workers = [
             context.Process(
                 target=_relay_into_store,
@@ -267,7 +295,7 @@ def _relay_producer(bootstrap: str) -> Producer:
     return Producer(
         {
             "bootstrap.servers": bootstrap,
-            "linger.ms": 5,
+            "linger.ms": RELAY_LINGER_MS,
             "batch.size": 1_000_000,
             "enable.idempotence": True,
         }

@@ -140,7 +140,7 @@ class ServiceMetrics:
         )
         self.lateness = Histogram(
             "redrive_retry_lateness_seconds",
-            "Broker acknowledgement time minus due time of each delivered retry.",
+            "Time its batch was acknowledged by the broker minus due time, per delivered retry.",
             buckets=LATENESS_BUCKETS,
             registry=r,
         )

@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import threading
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -89,6 +90,10 @@ class Scheduler:
                 **settings.scheduler_kafka,
                 # What the delivery guarantee rests on, which settings may not change:
                 "enable.idempotence": True,  # acks=all, ordered, no duplicates from retries
+                # A delivery report only for a record that failed: a flush that ends
+                # with nothing left queued acknowledged every other one (`_produce`),
+                # so the success path builds no report message and calls no Python.
+                "delivery.report.only.error": True,
             }
         )
         self._wakeup = threading.Event()
@@ -185,46 +190,66 @@ class Scheduler:
         return outcome
 
     def _produce(self, rows: list[ClaimedRetry], timeout_s: float) -> _Outcome:
+        """Produce the rows and wait for the broker. Only a failed record is reported
+        (``delivery.report.only.error``), so once nothing is left queued every record
+        not reported was acknowledged. If some are still queued at the timeout, the
+        ones not reported are given back as passing failures: one of them may then be
+        delivered twice, never lost."""
         outcome = _Outcome()
-        done: set[int] = set()
+        failed: set[int] = set()
 
-        def delivered(row: ClaimedRetry) -> Any:
+        def on_failure(row: ClaimedRetry) -> Callable[[KafkaError | None, Message], None]:
             def callback(err: KafkaError | None, msg: Message) -> None:
-                done.add(row.id)
-                if err is None:
-                    outcome.acked.append(row)
-                    self.metrics.lateness.observe(max(now_ms() - row.due_ms, 0) / 1000)
-                elif err.code() in _PERMANENT:
+                if err is None:  # not reported with delivery.report.only.error
+                    return
+                failed.add(row.id)
+                if err.code() in _PERMANENT:
                     outcome.permanent.append((row, err))
                 else:
                     outcome.transient.append((row, err))
 
             return callback
 
+        produce = self.producer.produce
         for row in rows:
+            partition = -1 if row.partition is None else row.partition  # -1: by key
             try:
-                produce_patiently(
-                    self.producer,
-                    row.destination,
-                    key=row.key,
-                    value=row.value,
-                    headers=row.headers,
-                    on_delivery=delivered(row),
-                    partition=row.partition,
-                )
+                try:
+                    produce(
+                        row.destination,
+                        row.value,
+                        row.key,
+                        partition,
+                        on_failure(row),
+                        headers=row.headers,
+                    )
+                except BufferError:  # the local queue is full: let it drain
+                    produce_patiently(
+                        self.producer,
+                        row.destination,
+                        key=row.key,
+                        value=row.value,
+                        headers=row.headers,
+                        on_delivery=on_failure(row),
+                        partition=row.partition,
+                    )
             except KafkaException as exc:  # refused before sending (e.g. too large)
-                done.add(row.id)
+                failed.add(row.id)
                 err = exc.args[0]
-                bucket = outcome.permanent if err.code() in _PERMANENT else None
-                if bucket is not None:
-                    bucket.append((row, err))
+                if err.code() in _PERMANENT:
+                    outcome.permanent.append((row, err))
                 else:
                     outcome.transient.append((row, err))
         remaining = self.producer.flush(timeout_s)
+        unreported = [row for row in rows if row.id not in failed] if failed else rows
         if remaining:
-            for row in rows:
-                if row.id not in done:
-                    outcome.transient.append((row, None))
+            outcome.transient += [(row, None) for row in unreported]
+            return outcome
+        outcome.acked = unreported
+        now = now_ms()
+        observe = self.metrics.lateness.observe
+        for row in unreported:
+            observe(max(now - row.due_ms, 0) / 1000)
         return outcome
 
     @staticmethod
