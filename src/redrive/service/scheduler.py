@@ -35,7 +35,7 @@ import structlog
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from redrive.clock import now_ms
-from redrive.kafka import BATCH_WIDE_REFUSALS, produce_patiently
+from redrive.kafka import BATCH_WIDE_REFUSALS, kafka_headers, produce_patiently
 from redrive.reasons import DeadLetterReason
 from redrive.schedules import backoff_delay
 from redrive.service.config import ServiceSettings
@@ -221,7 +221,7 @@ class Scheduler:
                         row.key,
                         partition,
                         on_failure(row),
-                        headers=row.headers,
+                        headers=kafka_headers(row.headers),
                     )
                 except BufferError:  # the local queue is full: let it drain
                     produce_patiently(
