@@ -29,6 +29,7 @@ from bench.kafka_raw import CONSUMER_TUNING, PRODUCER_TUNING
 from redrive.clock import now_ms
 from redrive.headers import RetryHeaders, encode
 from redrive.kafka import consume_available
+from redrive.service.garbage_collection import settle_after_start_up
 from redrive.service.store import Store
 from redrive.service.store.packed_headers import pack_headers
 
@@ -315,6 +316,7 @@ def _produce_all(producer: Producer, messages: list[tuple[str, Any, Any, Any]]) 
 
 
 def _relay(bootstrap: str, source: str, destination: str, n: int, assigned: Any) -> None:
+    settle_after_start_up()  # the service's collector settings: like for like
     consumer = _relay_consumer(bootstrap, source, assigned)
     producer = _relay_producer(bootstrap)
     moved = 0
@@ -349,6 +351,7 @@ RETURNING destination, msg_key, msg_value, headers
 def _relay_into_store(
     bootstrap: str, source: str, database_url: str, n: int, assigned: Any
 ) -> None:
+    settle_after_start_up()  # the service's collector settings: like for like
     consumer = _relay_consumer(bootstrap, source, assigned)
     stored = 0
     with psycopg.connect(database_url) as conn:
@@ -383,6 +386,7 @@ def _relay_into_store(
 
 
 def _relay_out_of_store(bootstrap: str, database_url: str, n: int) -> None:
+    settle_after_start_up()  # the service's collector settings: like for like
     producer = _relay_producer(bootstrap)
     moved = 0
     # Not waiting for the WAL flush of a delete, as the service's scheduler does not.

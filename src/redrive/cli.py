@@ -133,6 +133,7 @@ def serve(
     """
     from redrive.logs import configure
     from redrive.service.config import load_settings
+    from redrive.service.garbage_collection import settle_after_start_up
     from redrive.service.service import RetryService
 
     settings = load_settings(
@@ -147,6 +148,8 @@ def serve(
     configure(settings.log_format)
     service = RetryService(_on_local_stack(settings))
     service.start()
+    # The process is the service's from here on: its collector is set for that.
+    settle_after_start_up()
     typer.echo(
         f"redrive serve: listening on http://{settings.http_host}:{service.http_port} "
         f"(/metrics /healthz /readyz); kafka {service.bootstrap}; "
@@ -162,6 +165,7 @@ def serve_worker(parent_pid: int, index: int) -> None:
     or it is signalled."""
     from redrive.logs import configure
     from redrive.service.config import ServiceSettings
+    from redrive.service.garbage_collection import settle_after_start_up
     from redrive.service.service import RetryService
     from redrive.service.workers import PORT_LINE, watch_parent
 
@@ -169,6 +173,7 @@ def serve_worker(parent_pid: int, index: int) -> None:
     configure(settings.log_format, fields={"worker": index})
     service = RetryService(settings)
     service.start()
+    settle_after_start_up()
     typer.echo(f"{PORT_LINE}{service.http_port}")
     sys.stdout.flush()
     watch_parent(parent_pid, service.stop_event)
