@@ -257,9 +257,14 @@ def _with_pending(
     rate, seconds = size["precision_rate"], max(size["precision_s"] // 2, 3)
     p = service.precision(bootstrap, server_url, rate, seconds, workdir, database_url=database)
     print(f"precision with {size['pending']} pending: {p}")
+    # The same run on an empty store just before, for the ratio that says what a
+    # million rows cost (one worker each).
+    empty = service.end_to_end(bootstrap, server_url, size["e2e"], workdir)
     e2e = service.end_to_end(bootstrap, server_url, size["e2e"], workdir, database_url=database)
-    print(f"service end to end with {size['pending']} pending: {e2e}")
-    ratio = e2e["per_s"] / limit
+    print(f"service end to end with {size['pending']} pending: {e2e}; empty store: {empty}")
+    ratio = e2e["per_s"] / empty["per_s"]
+    e2e["empty_store_per_s"] = empty["per_s"]
+    e2e["of_raw_kafka"] = e2e["per_s"] / limit
     rss = max(p["rss_mb"], e2e["rss_mb"])
     ok = p["p99_ms"] < 50 and p["early"] == 0 and rss < 200
     return [
@@ -272,9 +277,9 @@ def _with_pending(
         ),
         Result(
             f"4 e2e, {size['pending']:,} pending",
-            f"{ratio:.2f}x of raw Kafka",
-            "(2) holds",
-            ratio >= 0.25,
+            f"{ratio:.2f}x of an empty store",
+            ">= 0.85x of it",
+            ratio >= 0.85,
             _round(e2e),
         ),
     ]
