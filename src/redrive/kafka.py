@@ -97,6 +97,10 @@ def headers_of(msg: Message) -> list[Header]:
     return read_headers(msg)[0]
 
 
+UNASSIGNED_PARTITION = -1
+"""librdkafka's RD_KAFKA_PARTITION_UA: the partitioner chooses (by the key)."""
+
+
 def kafka_headers(headers: Sequence[Header]) -> KafkaHeaders:
     """Headers in the form Producer.produce accepts (a list is passed as it is: this is
     on every delivery's path)."""
@@ -122,17 +126,13 @@ def produce_patiently(
     A KafkaException (refused before sending: too large, unknown partition...) is
     the caller's to handle: it says something about the record, not about the queue.
     """
-    kwargs: dict[str, Any] = {
-        "key": key,
-        "value": value,
-        "headers": kafka_headers(headers),
-        "on_delivery": on_delivery,
-    }
-    if partition is not None:
-        kwargs["partition"] = partition
+    # Positional, as Producer.produce takes them (value, key, partition, on_delivery):
+    # this is on every delivery's path. Partition -1 is librdkafka's "by the key".
+    as_kafka = kafka_headers(headers)
+    by = UNASSIGNED_PARTITION if partition is None else partition
     while True:
         try:
-            producer.produce(topic, **kwargs)
+            producer.produce(topic, value, key, by, on_delivery, headers=as_kafka)
             return
         except BufferError:
             producer.poll(drain_s)

@@ -35,7 +35,7 @@ import structlog
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from redrive.clock import now_ms
-from redrive.kafka import BATCH_WIDE_REFUSALS, kafka_headers, produce_patiently
+from redrive.kafka import BATCH_WIDE_REFUSALS, produce_patiently
 from redrive.reasons import DeadLetterReason
 from redrive.schedules import backoff_delay
 from redrive.service.config import ServiceSettings
@@ -198,48 +198,33 @@ class Scheduler:
         outcome = _Outcome()
         failed: set[int] = set()
 
+        def refused(row: ClaimedRetry, err: KafkaError) -> None:
+            failed.add(row.id)
+            if err.code() in _PERMANENT:
+                outcome.permanent.append((row, err))
+            else:
+                outcome.transient.append((row, err))
+
         def on_failure(row: ClaimedRetry) -> Callable[[KafkaError | None, Message], None]:
             def callback(err: KafkaError | None, msg: Message) -> None:
-                if err is None:  # not reported with delivery.report.only.error
-                    return
-                failed.add(row.id)
-                if err.code() in _PERMANENT:
-                    outcome.permanent.append((row, err))
-                else:
-                    outcome.transient.append((row, err))
+                if err is not None:  # (a success is not reported: only.error)
+                    refused(row, err)
 
             return callback
 
-        produce = self.producer.produce
         for row in rows:
-            partition = -1 if row.partition is None else row.partition  # -1: by key
             try:
-                try:
-                    produce(
-                        row.destination,
-                        row.value,
-                        row.key,
-                        partition,
-                        on_failure(row),
-                        headers=kafka_headers(row.headers),
-                    )
-                except BufferError:  # the local queue is full: let it drain
-                    produce_patiently(
-                        self.producer,
-                        row.destination,
-                        key=row.key,
-                        value=row.value,
-                        headers=row.headers,
-                        on_delivery=on_failure(row),
-                        partition=row.partition,
-                    )
+                produce_patiently(
+                    self.producer,
+                    row.destination,
+                    key=row.key,
+                    value=row.value,
+                    headers=row.headers,
+                    on_delivery=on_failure(row),
+                    partition=row.partition,
+                )
             except KafkaException as exc:  # refused before sending (e.g. too large)
-                failed.add(row.id)
-                err = exc.args[0]
-                if err.code() in _PERMANENT:
-                    outcome.permanent.append((row, err))
-                else:
-                    outcome.transient.append((row, err))
+                refused(row, exc.args[0])
         remaining = self.producer.flush(timeout_s)
         unreported = [row for row in rows if row.id not in failed] if failed else rows
         if remaining:
