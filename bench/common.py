@@ -89,6 +89,21 @@ def create_topic(bootstrap: str, prefix: str, partitions: int) -> str:
     return name
 
 
+def delete_topics(bootstrap: str, names: list[str]) -> None:
+    """Delete a run's topics once it is over, so that every run meets the broker as the
+    first did (not with the logs of all the runs before it)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.delete_topics(names).values():
+        future.result(30)
+
+
+def drop_database(database_url: str) -> None:
+    """Drop a run's fresh database once it is over (its rows and their vacuuming gone)."""
+    base, _, name = database_url.rpartition("/")
+    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)'.encode())
+
+
 def quiet_database(database_url: str, timeout_s: float = 60) -> None:
     """Before a run's clock starts: let autovacuum finish with what earlier runs left
     (the rows they deleted), then write a checkpoint, so that a run does not pay for

@@ -24,7 +24,15 @@ import psycopg
 from confluent_kafka import Consumer, ConsumerGroupState, Producer
 from confluent_kafka.admin import AdminClient
 
-from bench.common import CpuMeter, ServiceProcess, create_topic, fresh_database, quiet_database
+from bench.common import (
+    CpuMeter,
+    ServiceProcess,
+    create_topic,
+    delete_topics,
+    drop_database,
+    fresh_database,
+    quiet_database,
+)
 from bench.kafka_raw import CONSUMER_TUNING, PRODUCER_TUNING
 from redrive.clock import now_ms
 from redrive.headers import RetryHeaders, encode
@@ -195,8 +203,9 @@ def end_to_end(
         checked = [0.0]
 
         def watch() -> None:
-            # Scraping /metrics costs the service CPU too: 5 times a second is enough.
-            if not ingested and time.perf_counter() - checked[0] >= 0.2:
+            # Scraping /metrics costs the service CPU (about 3 ms a scrape with two
+            # workers, counted as the service's): twice a second is enough.
+            if not ingested and time.perf_counter() - checked[0] >= 0.5:
                 checked[0] = time.perf_counter()
                 # Worker 0's /metrics counts every worker's.
                 if _metric(base, "redrive_requests_scheduled_total") >= n:
@@ -206,6 +215,9 @@ def end_to_end(
         done, produced_s, cpu_us = _send_and_read_back(
             bootstrap, requests_topic, destination, n, cpu, watch
         )
+    delete_topics(bootstrap, [requests_topic, destination])
+    if database_url is None:
+        drop_database(database)
     return {
         "n": n,
         "workers": workers,
@@ -218,13 +230,13 @@ def end_to_end(
     }
 
 
-def relay_ceiling(bootstrap: str, n: int, database_url: str | None = None) -> dict[str, float]:
+def relay_ceiling(bootstrap: str, n: int, server_url: str | None = None) -> dict[str, float]:
     """The ceiling of any retry service on this path and this machine: the Kafka work of
     benchmark 2 alone. A relay process consumes each request and produces it to its
     destination (batched, tuned, acknowledged before its offsets are committed), with
     no classification and no database; the benchmark produces and reads back as in (2).
 
-    With `database_url`, the ceiling of any service that stores its retries in
+    With `server_url`, the ceiling of any service that stores its retries in
     PostgreSQL: the relay goes through the database as leanly as it can. One process
     copies each consumed batch into a table with the two indexes any scheduler needs
     (its key and due order) with a binary COPY, commits durably, then commits its
@@ -237,6 +249,7 @@ def relay_ceiling(bootstrap: str, n: int, database_url: str | None = None) -> di
     destination = create_topic(bootstrap, "bench-relay-dest", 6)
     context = multiprocessing.get_context("spawn")
     assigned = context.Event()
+    database_url = None if server_url is None else fresh_database(server_url)
     if database_url is None:
         workers = [
             context.Process(
@@ -269,6 +282,9 @@ def relay_ceiling(bootstrap: str, n: int, database_url: str | None = None) -> di
             worker.join(30)
             if worker.is_alive():
                 worker.terminate()
+    delete_topics(bootstrap, [requests_topic, destination])
+    if database_url is not None:
+        drop_database(database_url)
     return {
         "n": n,
         "per_s": n / done,
