@@ -97,11 +97,15 @@ def delete_topics(bootstrap: str, names: list[str]) -> None:
         future.result(30)
 
 
+def _on_server(url: str, statement: str) -> None:
+    """Run a statement on the server of `url` (from its maintenance database)."""
+    with psycopg.connect(f"{url.rpartition('/')[0]}/postgres", autocommit=True) as conn:
+        conn.execute(statement.encode())
+
+
 def drop_database(database_url: str) -> None:
     """Drop a run's fresh database once it is over (its rows and their vacuuming gone)."""
-    base, _, name = database_url.rpartition("/")
-    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)'.encode())
+    _on_server(database_url, f'DROP DATABASE "{database_url.rpartition("/")[2]}" WITH (FORCE)')
 
 
 def quiet_database(database_url: str, timeout_s: float = 60) -> None:
@@ -122,10 +126,8 @@ def quiet_database(database_url: str, timeout_s: float = 60) -> None:
 
 def fresh_database(server_url: str) -> str:
     name = f"bench_{uuid.uuid4().hex[:10]}"
-    base = server_url.rpartition("/")[0]
-    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"'.encode())
-    return f"{base}/{name}"
+    _on_server(server_url, f'CREATE DATABASE "{name}"')
+    return f"{server_url.rpartition('/')[0]}/{name}"
 
 
 class ServiceProcess:

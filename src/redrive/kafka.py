@@ -127,7 +127,7 @@ def produce_patiently(
     the caller's to handle: it says something about the record, not about the queue.
     """
     # Positional, as Producer.produce takes them (value, key, partition, on_delivery):
-    # this is on every delivery's path. Partition -1 is librdkafka's "by the key".
+    # no keyword dictionary on every delivery's path.
     as_kafka = kafka_headers(headers)
     by = UNASSIGNED_PARTITION if partition is None else partition
     while True:
