@@ -20,6 +20,7 @@ from typing import Any
 import psutil
 import psycopg
 from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
 from confluent_kafka.cimpl import NewTopic
 
 from redrive.local import LocalStack, StackStatus
@@ -56,7 +57,9 @@ def private_stack() -> Iterator[StackStatus]:
     root = kept or tempfile.mkdtemp(prefix="redrive-bench-")
     stack = LocalStack(Path(root))
     try:
-        yield stack.up(kafka_port=0, postgres_port=0, quiet=True)
+        status = stack.up(kafka_port=0, postgres_port=0, quiet=True)
+        _delete_topic_files_at_once(status.bootstrap)
+        yield status
     finally:
         try:
             stack.down()
@@ -87,6 +90,33 @@ def create_topic(bootstrap: str, prefix: str, partitions: int) -> str:
     admin = AdminClient({"bootstrap.servers": bootstrap})
     admin.create_topics([NewTopic(name, num_partitions=partitions)])[name].result(30)
     return name
+
+
+_SET = AlterConfigOpType.SET
+
+
+def _delete_topic_files_at_once(bootstrap: str) -> None:
+    """A deleted topic's files are removed a minute later by default
+    (`log.segment.delete.delay.ms`): in the middle of whichever run comes then. At
+    once, they go while the run that wrote them is being cleaned up."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    brokers = [
+        ConfigResource(ConfigResource.Type.BROKER, str(broker_id))
+        for broker_id in admin.list_topics(timeout=30).brokers
+    ]
+    for broker in brokers:
+        broker.add_incremental_config(
+            ConfigEntry("log.segment.delete.delay.ms", "0", incremental_operation=_SET)
+        )
+    for future in admin.incremental_alter_configs(brokers).values():
+        future.result(30)
+
+
+def quiet_machine() -> None:
+    """Before a run's clock starts: write back the files earlier runs left in the page
+    cache (their topics, their databases' tables and WAL), so that the kernel's
+    writeback does not compete with this run for the CPU and the disk."""
+    os.sync()
 
 
 def delete_topics(bootstrap: str, names: list[str]) -> None:

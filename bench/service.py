@@ -32,6 +32,7 @@ from bench.common import (
     drop_database,
     fresh_database,
     quiet_database,
+    quiet_machine,
 )
 from bench.kafka_raw import CONSUMER_TUNING, PRODUCER_TUNING
 from redrive.clock import now_ms
@@ -152,6 +153,7 @@ def _send_and_read_back(
     reader = Reader(bootstrap, destination, n, CONSUMER_TUNING)
     reader.start()
     reader.ready.wait(30)
+    quiet_machine()
     producer = Producer({"bootstrap.servers": bootstrap, **PRODUCER_TUNING})
     # Requests are prepared before the clock starts, as the raw benchmark's payload is.
     requests = [
@@ -215,6 +217,7 @@ def end_to_end(
         done, produced_s, cpu_us = _send_and_read_back(
             bootstrap, requests_topic, destination, n, cpu, watch
         )
+        serve.sample_rss()  # once more: a run can end before `watch` was first called
     delete_topics(bootstrap, [requests_topic, destination])
     if database_url is None:
         drop_database(database)
@@ -523,5 +526,9 @@ def fill_pending(database_url: str, destination: str, rows: int) -> float:
                     )
                 )
         conn.commit()
-        cur.execute("ANALYZE redrive_pending")
+    # Vacuumed as autovacuum would have long since done for retries stored so far
+    # ahead: otherwise the vacuum of a million fresh rows starts when autovacuum next
+    # looks, in the middle of whichever run comes then.
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE redrive_pending")
     return time.perf_counter() - started

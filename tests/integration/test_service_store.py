@@ -9,12 +9,14 @@ once, with its headers and payload byte for byte.
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import psycopg
 import pytest
 
+from redrive.reasons import DeadLetterReason
 from redrive.records import PendingRetry, RequestCoordinates
-from redrive.service.store import Store
+from redrive.service.store import Settlement, Store
 from redrive.service.store.packed_headers import unpack_headers
 from tests.integration.service_harness import fresh_database, now_ms
 
@@ -104,3 +106,31 @@ def test_a_failure_written_twice_by_its_consumer_is_stored_once(store_url: str) 
     finally:
         store.close()
     assert [row[0] for row in _stored(store_url)] == [10, 12, 13]
+
+
+def test_a_key_longer_than_an_index_page_is_stored_and_found_in_every_table(
+    store_url: str,
+) -> None:
+    # A b-tree entry must fit in a third of a page (about 2.7 kB): the key indexes of
+    # the history and the dead letters must take a key of any length, and find it.
+    long_key = random.Random(9).randbytes(10_000)  # incompressible, as index entries are not
+    delivered = dataclasses.replace(_request(0), key=long_key, due_ms=0)
+    dead = dataclasses.replace(_request(1), key=long_key, due_ms=0, deadline_ms=1)
+    store = Store(store_url, keep_history=True)
+    store.open()
+    try:
+        assert store.insert_batch([delivered, dead], ()) == 2
+        with store.claim_due(now_ms=now_ms(), limit=10) as claim:
+            ids = {row.deadline_ms: row.id for row in claim.rows}
+            claim.settle(
+                Settlement(
+                    delivered=[ids[None]],
+                    dead=[(ids[1], DeadLetterReason.DEADLINE_PASSED, "deadline passed")],
+                )
+            )
+        steps = store.record_steps(key=long_key)
+        assert store.record_steps(key=long_key[:-1]) == []
+    finally:
+        store.close()
+    assert sorted(step["kind"] for step in steps) == ["dead", "delivered"]
+    assert all(bytes(step["msg_key"]) == long_key for step in steps)

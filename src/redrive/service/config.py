@@ -115,7 +115,8 @@ class ServiceSettings(BaseSettings):
         1,
         description="Whole services (intake and scheduler) this `redrive serve` runs as "
         "processes side by side, each taking a share of the work; auto: one per core. "
-        "One process uses about 1.4 cores: with cores to spare, 2 or more carry more.",
+        "One process's Python runs under one interpreter lock: with cores to spare, "
+        "2 or more carry more.",
     )
     ingest: list[IngestTopic] = Field(
         default_factory=list,

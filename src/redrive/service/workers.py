@@ -1,11 +1,10 @@
 """Several whole services started by one `redrive serve` (setting `workers`).
 
 One service process runs intake, its store writer and the scheduler under one
-interpreter lock: about 1.4 cores' worth, measured. Splitting the roles over two
-processes barely helps (each role alone is still one interpreter's worth); running
-whole services side by side does, because each then takes a share of everything: the
-requests topic's partitions split among their intake consumers and the due rows among
-their row-locking claims, exactly as for `redrive serve` processes on several hosts.
+interpreter lock. Running whole services side by side lets one `redrive serve` use
+more than one core's worth of Python: each takes a share of everything, the requests
+topic's partitions split among their intake consumers and the due rows among their
+row-locking claims, exactly as for `redrive serve` processes on several hosts.
 
 This process is worker 0: it serves the API, the UI and the probes on the configured
 port, and its /metrics adds up every worker's counters and histograms. The others are

@@ -98,9 +98,9 @@ def steps(
     conditions: list[str] = []
     params: list[Any] = []
     if key is not None:
-        # The digest finds it through the index; the bytes rule out a collision.
-        conditions.append("md5(msg_key) = md5(%s) AND msg_key = %s")
-        params += [key, key]
+        # Found through the hash indexes on msg_key (migration 009), any length of key.
+        conditions.append("msg_key = %s")
+        params.append(key)
     for column, value in (
         ("original_topic", topic),
         ("original_partition", partition),
