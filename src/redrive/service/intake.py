@@ -106,9 +106,9 @@ class Intake:
                 "fetch.wait.max.ms": 50,
                 # Read-ahead: librdkafka's default is 64 MB. The consumer stops fetching
                 # while that much waits and fetches again once intake took it, so the
-                # budget bounds one worker's rate: 8 MB held it to 11-14k requests/s
-                # (benchmark 2, a quarter of what it stores), 16 MB to 26k, 32 MB kept
-                # it fed (32-34k/s, as with 64 MB) for 60 MB more RSS under 1 KB requests.
+                # budget bounds one worker's rate. Under benchmark 2, 8 MB held it to
+                # 11-14k requests/s, 16 MB to 26k, and 32 MB kept it fed (32-34k/s, as
+                # with 64 MB) for about 60 MB more RSS with 1 KB requests.
                 "queued.max.messages.kbytes": 32768,
                 **settings.intake_kafka,
                 # Not overridable: a request of a transaction aborted (or still open)
