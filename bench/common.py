@@ -92,9 +92,6 @@ def create_topic(bootstrap: str, prefix: str, partitions: int) -> str:
     return name
 
 
-_SET = AlterConfigOpType.SET
-
-
 def _delete_topic_files_at_once(bootstrap: str) -> None:
     """A deleted topic's files are removed a minute later by default
     (`log.segment.delete.delay.ms`): in the middle of whichever run comes then. At
@@ -104,10 +101,11 @@ def _delete_topic_files_at_once(bootstrap: str) -> None:
         ConfigResource(ConfigResource.Type.BROKER, str(broker_id))
         for broker_id in admin.list_topics(timeout=30).brokers
     ]
+    at_once = ConfigEntry(
+        "log.segment.delete.delay.ms", "0", incremental_operation=AlterConfigOpType.SET
+    )
     for broker in brokers:
-        broker.add_incremental_config(
-            ConfigEntry("log.segment.delete.delay.ms", "0", incremental_operation=_SET)
-        )
+        broker.add_incremental_config(at_once)
     for future in admin.incremental_alter_configs(brokers).values():
         future.result(30)
 

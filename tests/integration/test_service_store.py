@@ -113,7 +113,8 @@ def test_a_key_longer_than_an_index_page_is_stored_and_found_in_every_table(
 ) -> None:
     # A b-tree entry must fit in a third of a page (about 2.7 kB): the key indexes of
     # the history and the dead letters must take a key of any length, and find it.
-    long_key = random.Random(9).randbytes(10_000)  # incompressible, as index entries are not
+    # Random bytes: a repetitive key would be compressed in its index entry and fit.
+    long_key = random.Random(9).randbytes(10_000)
     delivered = dataclasses.replace(_request(0), key=long_key, due_ms=0)
     dead = dataclasses.replace(_request(1), key=long_key, due_ms=0, deadline_ms=1)
     store = Store(store_url, keep_history=True)
