@@ -10,14 +10,19 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from redrive.headers import FailureHistory, Header, Order
 from redrive.reasons import DeadLetterReason
 
 
-@dataclass(frozen=True, slots=True)
-class RequestCoordinates:
-    """Where a retry request was read from: its identity for idempotent inserts."""
+class RequestCoordinates(NamedTuple):
+    """Where a retry request was read from: its identity for idempotent inserts.
+
+    A named tuple, not a frozen dataclass: one is built for every request intake reads,
+    and a frozen dataclass's __init__ (three object.__setattr__ calls) was 3% of
+    intake's interpreter time under benchmark 2.
+    """
 
     topic: str
     partition: int

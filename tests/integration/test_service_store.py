@@ -135,3 +135,33 @@ def test_a_key_longer_than_an_index_page_is_stored_and_found_in_every_table(
         store.close()
     assert sorted(step["kind"] for step in steps) == ["dead", "delivered"]
     assert all(bytes(step["msg_key"]) == long_key for step in steps)
+
+
+def test_a_delivered_retry_already_in_the_history_is_settled_keeping_the_first_copy(
+    store_url: str,
+) -> None:
+    # No path copies a row to the history twice, so the copy does not guard against it
+    # statement by statement; if one ever were there, the settlement must still go
+    # through (a failed one would deliver its batch again, forever).
+    store = Store(store_url, keep_history=True)
+    store.open()
+    try:
+        assert store.insert_batch([dataclasses.replace(_request(0), due_ms=0)], ()) == 1
+        with store.claim_due(now_ms=now_ms(), limit=10) as claim:
+            [row] = claim.rows
+        with psycopg.connect(store_url, autocommit=True) as conn:  # the earlier copy
+            conn.execute(
+                "INSERT INTO redrive_history (id, destination, headers, attempt, due_ms,"
+                " received_at) VALUES (%s, 'first copy', '\\x90', 1, 0, now())",
+                (row.id,),
+            )
+        with store.claim_due(now_ms=now_ms(), limit=10) as claim:
+            assert [r.id for r in claim.rows] == [row.id]
+            claim.settle(Settlement(delivered=[row.id]))
+        with store.claim_due(now_ms=now_ms(), limit=10) as claim:
+            assert claim.rows == []  # settled: not delivered again
+    finally:
+        store.close()
+    with psycopg.connect(store_url) as conn:
+        kept = conn.execute("SELECT id, destination FROM redrive_history").fetchall()
+    assert kept == [(row.id, "first copy")]

@@ -104,12 +104,14 @@ class Intake:
                 "enable.auto.offset.store": False,
                 "auto.offset.reset": "earliest",
                 "fetch.wait.max.ms": 50,
-                # Read-ahead: librdkafka's default is 64 MB. The consumer stops fetching
-                # while that much waits and fetches again once intake took it, so the
-                # budget bounds one worker's rate. Under benchmark 2, 8 MB held it to
-                # 11-14k requests/s, 16 MB to 26k, and 32 MB kept it fed (32-34k/s, as
-                # with 64 MB) for about 60 MB more RSS with 1 KB requests.
-                "queued.max.messages.kbytes": 32768,
+                # Read-ahead: 8 MB (librdkafka's default is 64 MB), refilled 10 ms after
+                # intake made room. librdkafka waits fetch.queue.backoff.ms (1 s by
+                # default) before fetching for a partition whose read-ahead was full,
+                # so a busy worker ran dry once a second: under benchmark 2 that held
+                # one worker to 11-14k requests/s with 8 MB, to 26k with 16 MB. With
+                # 10 ms, 8 MB keeps it as fed as 32 MB did, for 50 MB less RSS.
+                "queued.max.messages.kbytes": 8192,
+                "fetch.queue.backoff.ms": 10,
                 **settings.intake_kafka,
                 # Not overridable: a request of a transaction aborted (or still open)
                 # is not one, and Apps with transactional=True rely on that.

@@ -8,19 +8,83 @@ asked at each scrape (what /readyz answers, as a number an alert can watch).
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable, Iterator
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterable, Iterator
 
 import structlog
-from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from redrive.clock import now_ms
 
 log = structlog.get_logger("redrive.metrics")
 
 LATENESS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 60)
+
+
+class LatenessHistogram(Collector):
+    """``redrive_retry_lateness_seconds``, observed a delivered batch at a time.
+
+    Every retry of a batch is delivered at one instant (when the broker acknowledged
+    the batch), so how many fall in each bucket follows from the batch's due times,
+    sorted, with one bisection per bucket. prometheus_client's Histogram takes a lock
+    and walks its buckets in Python for every value: 4% of the service's interpreter
+    time under benchmark 2. What is exposed is what that Histogram would expose for
+    the same values, bucket for bucket (tests/unit/test_lateness_histogram.py).
+    """
+
+    def __init__(self, name: str, documentation: str, buckets_s: Iterable[float]) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._bounds = tuple(buckets_s)
+        # Bucket labels written as the Histogram writes them ("0.001", "1.0", "+Inf").
+        self._labels = [floatToGoString(b) for b in (*self._bounds, float("inf"))]  # type: ignore[no-untyped-call]
+        # Lateness is a whole number of milliseconds: the most that still falls within
+        # each bucket, as the Histogram compares it (ms / 1000 <= bound, in floats).
+        self._within_ms = tuple(_most_ms_within(bound) for bound in self._bounds)
+        self._lock = threading.Lock()  # the scheduler observes, a scrape collects
+        self._cumulative = [0] * len(self._bounds)
+        self._count = 0
+        self._sum_ms = 0
+
+    def observe_batch(self, now_ms: int, due_ms: Iterable[int]) -> None:
+        """Count retries delivered at `now_ms`, each `now_ms - due` late (0 if due after)."""
+        dues = sorted(due_ms)  # claimed in due order: already sorted, a linear check
+        if not dues:
+            return
+        n = len(dues)
+        due_by_now = bisect_right(dues, now_ms)
+        late_ms = due_by_now * now_ms - sum(dues[:due_by_now])
+        within = [n - bisect_left(dues, now_ms - most) for most in self._within_ms]
+        with self._lock:
+            self._cumulative = [a + b for a, b in zip(self._cumulative, within, strict=True)]
+            self._count += n
+            self._sum_ms += late_ms
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        with self._lock:
+            cumulative, count, sum_ms = list(self._cumulative), self._count, self._sum_ms
+        counts = [*cumulative, count]
+        yield HistogramMetricFamily(
+            self._name,
+            self._documentation,
+            buckets=list(zip(self._labels, counts, strict=True)),
+            sum_value=sum_ms / 1000,
+        )
+
+
+def _most_ms_within(bound_s: float) -> int:
+    """The greatest whole number of milliseconds `ms` with ms / 1000 <= bound_s."""
+    ms = int(bound_s * 1000)
+    while (ms + 1) / 1000 <= bound_s:
+        ms += 1
+    while ms / 1000 > bound_s:
+        ms -= 1
+    return ms
 
 
 class _PendingCollector(Collector):
@@ -138,12 +202,12 @@ class ServiceMetrics:
             ["error"],
             registry=r,
         )
-        self.lateness = Histogram(
+        self.lateness = LatenessHistogram(
             "redrive_retry_lateness_seconds",
             "Time its batch was acknowledged by the broker minus due time, per delivered retry.",
-            buckets=LATENESS_BUCKETS,
-            registry=r,
+            LATENESS_BUCKETS,
         )
+        r.register(self.lateness)
         r.register(_PendingCollector(pending_by_destination, oldest_due_ms))
         if readiness is not None:
             r.register(_ReadyCollector(readiness))

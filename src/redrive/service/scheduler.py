@@ -231,10 +231,7 @@ class Scheduler:
             outcome.transient += [(row, None) for row in unreported]
             return outcome
         outcome.acked = unreported
-        now = now_ms()
-        observe = self.metrics.lateness.observe
-        for row in unreported:
-            observe(max(now - row.due_ms, 0) / 1000)
+        self.metrics.lateness.observe_batch(now_ms(), [row.due_ms for row in unreported])
         return outcome
 
     @staticmethod
