@@ -61,12 +61,47 @@ class TopicMetadata:
             return self._partitions.get(topic)
 
 
-def ensure_topic(admin: AdminClient, name: str, partitions: int, config: dict[str, Any]) -> bool:
-    """Create a topic if it does not exist. True if this call created it."""
-    futures = admin.create_topics([NewTopic(name, num_partitions=partitions, config=config)])
+class LoginWatch:
+    """An AdminClient's ``error_cb`` that keeps the first authentication failure.
+
+    librdkafka reports a refused login (a wrong password, an unknown user) only to the
+    client's error callback, and keeps the requests waiting for the broker until they
+    time out: a start-up that waits for its topics would report a wrong password only
+    after its whole timeout. :func:`ensure_topic` asks this instead, as it waits.
+    """
+
+    def __init__(self) -> None:
+        self.refused: KafkaError | None = None
+
+    def __call__(self, error: KafkaError) -> None:
+        if self.refused is None and error.code() == KafkaError._AUTHENTICATION:
+            self.refused = error
+
+
+def ensure_topic(
+    admin: AdminClient,
+    name: str,
+    partitions: int,
+    config: dict[str, Any],
+    *,
+    login: LoginWatch | None = None,
+    timeout_s: float = 30.0,
+) -> bool:
+    """Create a topic if it does not exist. True if this call created it.
+
+    With `login` (the admin's ``error_cb``), a refused login raises at once; any other
+    failure to reach the broker raises once `timeout_s` passed."""
+    future = admin.create_topics([NewTopic(name, num_partitions=partitions, config=config)])[name]
+    deadline = time.monotonic() + timeout_s
+    while login is not None and not future.done() and time.monotonic() < deadline:
+        admin.poll(0.1)  # serves the error callback
+        if login.refused is not None:
+            raise KafkaException(login.refused)
     try:
-        futures[name].result(timeout=30)
+        future.result(timeout=max(deadline - time.monotonic(), 0))
         return True
+    except TimeoutError:  # (concurrent.futures' own since Python 3.11)
+        raise TimeoutError(f"no answer from the broker within {timeout_s:g} s") from None
     except KafkaException as exc:
         if exc.args and exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
             return False

@@ -97,6 +97,8 @@ def test_a_wrong_password_stops_the_service_with_a_clear_error(
     service.stop()
     assert "bootstrap" in info.value.setting
     assert "cannot create or check topic" in info.value.problem
+    # The broker's refusal itself, reported as it happens: not a timeout 30 s later.
+    assert "authentication" in info.value.problem.lower()
 
 
 @pytest.fixture

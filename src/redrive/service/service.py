@@ -44,7 +44,7 @@ from redrive.service.scheduler import Scheduler
 from redrive.service.store import Store, StoreUnavailable
 from redrive.service.workers import Workers, WorkersRegistry
 from redrive.sizes import producer_size_limit
-from redrive.topic_admin import TopicMetadata, ensure_topic
+from redrive.topic_admin import LoginWatch, TopicMetadata, ensure_topic
 
 if TYPE_CHECKING:
     import uvicorn
@@ -121,17 +121,23 @@ class RetryService:
                 f"cannot open the store: {str(exc).strip()[:300]}",
                 "check that PostgreSQL runs and the URL, user and password are right",
             ) from None
-        admin = self._admin = AdminClient(self.kafka_config)
+        # The topics are made by a client of their own, which reports a refused login
+        # at once (LoginWatch); it is polled only here, so its error callback cannot
+        # pile up errors for the rest of the service's life.
+        login = LoginWatch()
+        setup_config: dict[str, Any] = {**self.kafka_config, "error_cb": login}
+        setup = AdminClient(setup_config)
         try:
-            ensure_topic(admin, s.requests_topic, REQUESTS_TOPIC_PARTITIONS, {})
+            ensure_topic(setup, s.requests_topic, REQUESTS_TOPIC_PARTITIONS, {}, login=login)
             if s.mirror_dead_letters:
-                ensure_topic(admin, s.dlq_topic, 1, {})
+                ensure_topic(setup, s.dlq_topic, 1, {}, login=login)
         except Exception as exc:  # noqa: BLE001
             raise ConfigError(
                 "bootstrap (REDRIVE_BOOTSTRAP)",
                 f"cannot create or check topic {s.requests_topic!r}: {exc}",
                 "check that the broker is reachable and the kafka settings are right",
             ) from None
+        admin = self._admin = AdminClient(self.kafka_config)
         metadata = TopicMetadata(admin)
         self.operations = Operations(self.store)
         self.tokens = Tokens(self.store)
