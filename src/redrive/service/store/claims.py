@@ -61,15 +61,18 @@ FROM moved
 ON CONFLICT DO NOTHING
 """
 
-# Forget delivered rows, copy them to the history if it is kept, and count them: one
-# statement, so each row is found once (a copy before the delete found every row twice).
-_DELETE_DELIVERED = f"""
+
+def _delete_delivered(on_conflict: str) -> str:
+    """Forget delivered rows, copy them to the history if it is kept, and count them:
+    one statement, so each row is found once (a copy before the delete found every
+    row twice)."""
+    return f"""
 WITH gone AS (
     DELETE FROM redrive_pending WHERE id = ANY(%(ids)s::bigint[]) RETURNING {history.COLUMNS}
 ), kept AS (
     INSERT INTO redrive_history ({history.COLUMNS})
     SELECT {history.COLUMNS} FROM gone WHERE %(keep_history)s
-    {{on_conflict}}
+    {on_conflict}
 )
 INSERT INTO redrive_stats_minute (minute, kind, topic, count)
 SELECT date_trunc('minute', now()), 'published', destination, count(*) FROM gone
@@ -77,14 +80,16 @@ GROUP BY destination
 ON CONFLICT (minute, kind, topic)
 DO UPDATE SET count = redrive_stats_minute.count + EXCLUDED.count
 """
+
+
 # No path copies a delivered row to the history twice: a row leaves pending as it is
 # copied, and the heads of key queues, copied while they stay (history.record), are
 # never settled this way. So the copy goes without ON CONFLICT, which cost PostgreSQL
 # about 1 us per delivered row (benchmark 2, issue 20). Should a row be there all the
 # same, the copy fails on the history's key, and the batch is settled again keeping
 # the first copy: a failed settlement would deliver the batch again, forever.
-_DELIVERED_FIRST_COPY = _DELETE_DELIVERED.format(on_conflict="")
-_DELIVERED_KEEPING_COPIES = _DELETE_DELIVERED.format(on_conflict="ON CONFLICT (id) DO NOTHING")
+_DELIVERED_FIRST_COPY = _delete_delivered("")
+_DELIVERED_KEEPING_COPIES = _delete_delivered("ON CONFLICT (id) DO NOTHING")
 
 
 # Count delivered heads of key queues as published (they stay, held, until released).
