@@ -9,6 +9,7 @@ Both the Spark connector (:mod:`redrive.spark.session`) and the dev stack's brok
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import re
@@ -50,10 +51,23 @@ def jar_dir(pom_name: str) -> Path:
 
 
 def fetch(pom_name: str, what: str, *, quiet: bool = False) -> Path:
-    """Make sure the jars of `pom_name` are in the cache; download them on first use."""
+    """Make sure the jars of `pom_name` are in the cache; download them on first use.
+
+    Several processes may ask at once (test workers, a demo beside a service): one
+    downloads under a lock on the cache folder, the others wait and find it complete.
+    """
     target = jar_dir(pom_name)
     if (target / ".complete").exists():
         return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{target.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / ".complete").exists():
+            return target
+        return _download(pom_name, what, target, quiet=quiet)
+
+
+def _download(pom_name: str, what: str, target: Path, *, quiet: bool) -> Path:
     mvn = shutil.which("mvn")
     if mvn is None:
         raise ConfigError(

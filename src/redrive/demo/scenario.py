@@ -37,6 +37,7 @@ from confluent_kafka.admin import AdminClient
 
 from redrive import App
 from redrive.client_logs import with_client_logs
+from redrive.deadlines import Deadline
 from redrive.demo.items import (
     APP_GROUP,
     CREATE_TOPIC,
@@ -85,9 +86,8 @@ def _get(url: str) -> tuple[int, str]:
         return error.code, error.read().decode()
 
 
-def _wait(predicate: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+def _wait(predicate: Callable[[], bool], within: Deadline) -> bool:
+    while not within.passed():
         if predicate():
             return True
         time.sleep(0.1)
@@ -276,7 +276,11 @@ def _play(
         return say.count("app", f"item {item_id} not found")
 
     # Let each engine fail twice, so that the retries can be seen, before the create.
-    _wait(lambda: app_retries() >= 2 and watcher.retries[key] >= 2, BEFORE_CREATE_S)
+    # On the wall clock: the create must come while the App's policy has retries left.
+    _wait(
+        lambda: app_retries() >= 2 and watcher.retries[key] >= 2,
+        Deadline(BEFORE_CREATE_S, max_stretch=1.0),
+    )
     time.sleep(0.5)
 
     say(f"2. create-item {item_id} is produced")
@@ -289,7 +293,7 @@ def _play(
             stores["app"].status(item_id) == "ACTIVE"
             and watcher.applied_attempt(item_id, UPDATE_TOPIC) is not None
         ),
-        60,
+        Deadline(60),
     )
     code, body = _get(app_url)
     say_app(f"GET /v1/demo/items/{short}/status -> {code} {body}")
@@ -308,7 +312,7 @@ def _play(
             if row["msg_key"] == bad_key
         }
 
-    _wait(lambda: {APP_GROUP, SPARK_GROUP} <= set(dead_letter_types()), 60)
+    _wait(lambda: {APP_GROUP, SPARK_GROUP} <= set(dead_letter_types()), Deadline(60))
     dead = dead_letter_types()
     for group, tell in ((APP_GROUP, say_app), (SPARK_GROUP, say_spark)):
         tell(
@@ -413,7 +417,7 @@ def run(*, oneshot: bool = False) -> int:
             status.bootstrap, settings.requests_topic, update_policy, say.engine("spark")
         )
         watcher.start()
-        _wait(lambda: app.running.is_set() and api.started, 30)
+        _wait(lambda: app.running.is_set() and api.started, Deadline(30))
         service_url = f"http://127.0.0.1:{service.http_port}"
         items_url = f"http://127.0.0.1:{items_port}"
         _introduce(service_url, items_url, running.engine)

@@ -39,6 +39,7 @@ from typing import Any, Final
 from confluent_kafka import Consumer, KafkaException, Message, TopicPartition
 
 from redrive.client_logs import with_client_logs
+from redrive.deadlines import Deadline
 from redrive.demo.spark_items import SparkItemHandler, warm_up
 from redrive.demo.store import CREATE_TOPIC, UPDATE_TOPIC, ItemNotFound
 from redrive.headers import HeaderError, decode
@@ -228,13 +229,13 @@ class SparkEngine:
 
     def _first_batch(self) -> str:
         """Wait for the query's first micro-batch; what went wrong, or ""."""
-        deadline = time.monotonic() + self.start_timeout_s
+        deadline = Deadline(self.start_timeout_s)
         while not self._stopping.is_set():
             if self.query.exception() is not None:
                 return f"the Spark query failed: {self.query.exception()} (see {self.log_path})"
             if self.query.lastProgress is not None:
                 return ""
-            if time.monotonic() > deadline:
+            if deadline.passed():
                 break
             time.sleep(0.2)
         return f"the Spark query did not start in time (see {self.log_path})"

@@ -19,6 +19,7 @@ from confluent_kafka.admin import AdminClient
 
 from redrive import jars
 from redrive.client_logs import SILENT, with_client_logs
+from redrive.deadlines import Deadline
 from redrive.errors import ConfigError
 from redrive.local.java import find_java
 from redrive.local.paths import resource
@@ -33,6 +34,7 @@ from redrive.local.security import LocalSecurity
 KAFKA_POM = "kafka-pom.xml"
 HOST = "127.0.0.1"
 READY_TIMEOUT_S = 90.0
+"""A quiet machine's seconds (see redrive.deadlines): more wall time when it is loaded."""
 
 
 def fetch_jars(*, quiet: bool = False) -> Path:
@@ -206,8 +208,8 @@ class LocalKafka(LocalServer):
         write_pid(self.pid_file, proc.pid)
         if not quiet:
             print(f"Starting Kafka broker on {self.bootstrap} (pid {proc.pid})...", flush=True)
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while time.monotonic() < deadline:
+        deadline = Deadline(READY_TIMEOUT_S)
+        while not deadline.passed():
             if proc.poll() is not None:
                 raise ConfigError(
                     "kafka broker",
@@ -220,6 +222,6 @@ class LocalKafka(LocalServer):
         self.stop()
         raise ConfigError(
             "kafka broker",
-            f"did not answer metadata requests within {READY_TIMEOUT_S:.0f}s",
+            f"did not answer metadata requests within {deadline.describe()}",
             f"read {self.log_file}",
         )

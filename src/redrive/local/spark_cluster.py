@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from redrive.deadlines import Deadline
 from redrive.errors import ConfigError
 from redrive.local.java import find_java
 from redrive.local.process import LocalServer, free_port, listener_of, port_in_use, write_pid
@@ -42,6 +43,7 @@ WORKER_CORES = 1
 WORKER_MEMORY = "1g"
 DAEMON_MEMORY = "512m"
 READY_TIMEOUT_S = 90.0
+"""A quiet machine's seconds (see redrive.deadlines): more wall time when it is loaded."""
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
@@ -379,9 +381,9 @@ class LocalSparkCluster:
         workers_alive: int,
     ) -> None:
         """Wait until the master answers and reports ``workers_alive`` workers ALIVE."""
-        deadline = time.monotonic() + READY_TIMEOUT_S
+        deadline = Deadline(READY_TIMEOUT_S)
         alive = -1
-        while time.monotonic() < deadline:
+        while not deadline.passed():
             for daemon, proc in started:
                 if proc.poll() is not None:
                     raise ConfigError(
@@ -405,7 +407,7 @@ class LocalSparkCluster:
         )
         raise ConfigError(
             "spark cluster",
-            f"not ready within {READY_TIMEOUT_S:.0f}s: {what} "
+            f"not ready within {deadline.describe()}: {what} "
             f"({self.ui_url(settings)}/json/); the end of {culprit.log_file.name}:\n"
             f"{culprit.log_tail()}",
             f"read the logs in {self.root}",

@@ -144,12 +144,22 @@ class LocalStack:
         cluster = self.spark()
         if spark:
             cluster.preflight(cluster.plan(spark_port, spark_ui_port, spark_workers))
-        if postgres:
-            database.start(quiet=quiet)
-        if kafka:
-            broker.start(quiet=quiet)
-        if spark:
-            cluster.up(spark_port, spark_ui_port, spark_workers, quiet=quiet)
+        # A server that fails to start stops those this call started: an `up` that
+        # fails leaves the machine as it found it.
+        started: list[LocalKafka | LocalPostgres] = []
+        try:
+            if postgres and not database.running():
+                database.start(quiet=quiet)
+                started.append(database)
+            if kafka and not broker.running():
+                broker.start(quiet=quiet)
+                started.append(broker)
+            if spark:
+                cluster.up(spark_port, spark_ui_port, spark_workers, quiet=quiet)
+        except BaseException:
+            for server in reversed(started):
+                server.stop()
+            raise
         return self.status()
 
     def down(self) -> list[str]:
