@@ -7,6 +7,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.redrive-installed
 SYSTEM_STAMP := $(VENV)/.redrive-system
 PYTEST_ARGS ?=
+# Test processes side by side (pytest-xdist): most of a test's time is spent waiting
+# on brokers, databases and Spark, so more than the cores. See docs/testing.md.
+TEST_WORKERS ?= 4
 
 .PHONY: setup demo test bench chaos lint format clean
 
@@ -29,7 +32,7 @@ demo: setup
 	@$(BIN)/redrive demo $(if $(filter 1 yes true,$(DEMO_ONESHOT)),--oneshot)
 
 test: setup lint
-	@$(BIN)/python -m pytest $(PYTEST_ARGS)
+	@$(BIN)/python -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 chaos: setup
 	@REDRIVE_CHAOS=long $(BIN)/python -m pytest tests/chaos -m chaos -s $(PYTEST_ARGS)

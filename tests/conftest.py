@@ -1,12 +1,17 @@
-"""Session fixtures: one real Kafka broker and one real PostgreSQL for the whole run.
+"""Session fixtures: a real Kafka broker and a real PostgreSQL for each pytest process.
 
-They start only if a test asks for them (unit tests stay fast), on free ports in a
-temporary state folder, so a developer's own `redrive local up` is left alone; they
-are stopped at the end of the run.
+Run in parallel (`make test` runs pytest-xdist's workers), each worker has a broker
+and a database server of its own: they start only if one of its tests asks for them
+(unit tests stay fast), on free ports in the worker's temporary folder, so neither
+another worker nor a developer's own `redrive local up` is disturbed; they are stopped
+when the worker ends. How tests are spread over the workers:
+tests/plugins/scheduling.py; the check that nothing outlives the run:
+tests/plugins/leftovers.py.
 """
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -16,6 +21,12 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from redrive.local import LocalStack, StackStatus
+
+pytest_plugins = ["tests.plugins.scheduling", "tests.plugins.leftovers"]
+
+# The tests' Spark JVMs (local sessions, spark-submit, the demo) read their defaults
+# from here: see the file for why.
+os.environ["SPARK_CONF_DIR"] = str(Path(__file__).resolve().parent / "spark-conf")
 
 
 @pytest.fixture(scope="session")

@@ -22,6 +22,7 @@ import uvicorn
 from confluent_kafka.admin import AdminClient, NewTopic
 from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
 
+from redrive.deadlines import Deadline
 from redrive.ports import free_port
 from redrive.service.filters import DeadLetterFilter, PendingFilter
 from redrive.service.operations import Operations
@@ -212,8 +213,8 @@ def _serve(app: Any) -> tuple[uvicorn.Server, threading.Thread, int]:
     )
     thread = threading.Thread(target=server.run, name="ui-test-http", daemon=True)
     thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started and time.monotonic() < deadline:
+    deadline = Deadline(20)
+    while not server.started and not deadline.passed():
         time.sleep(0.02)
     assert server.started, "the UI's HTTP server did not start"
     return server, thread, port
@@ -229,8 +230,8 @@ def ui(bootstrap: str, database_url: str) -> Iterator[Ui]:
         try:
             ops = service.operations
             expected = _seed((orders, payments, inventory), settings.requests_topic, bootstrap)
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
+            deadline = Deadline(60)
+            while not deadline.passed():
                 stats = ops.stats()
                 if stats["dead_letters"]["total"] >= expected and stats["pending"]["total"] >= 4:
                     break
@@ -292,20 +293,20 @@ def confirm(page: Page, button: str) -> None:
 def audited(ui: Ui, action: str, letter_id: int, timeout_s: float = 10) -> dict[str, Any]:
     """The audit entry of `action` on the letter; waits for it, since a replay job
     writes its entry when it ends, just after its page shows it done."""
-    deadline = time.monotonic() + timeout_s
+    deadline = Deadline(timeout_s)
     while True:
         entries, _ = ui.ops.audit_log(limit=100)
         for entry in entries:
             if entry["action"] == action and letter_id in entry["ids"]:
                 return entry
-        if time.monotonic() > deadline:
+        if deadline.passed():
             raise AssertionError(f"no audit entry {action} for {letter_id}: {entries}")
         time.sleep(0.1)
 
 
 def delivered(collector: Collector, key: bytes, timeout_s: float = 20) -> Delivery:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    deadline = Deadline(timeout_s)
+    while not deadline.passed():
         for delivery in collector.poll_until(len(collector.received) + 1, 0.5):
             if delivery.key == key:
                 return delivery
@@ -523,8 +524,8 @@ def test_replay_job_progress_and_cancel(
         for i in range(40)
     ]
     produce(ui.bootstrap, ui.service.settings.requests_topic, letters)
-    deadline = time.monotonic() + 30
-    while ui.ops.count_dead_letters(flt) < 40 and time.monotonic() < deadline:
+    deadline = Deadline(30)
+    while ui.ops.count_dead_letters(flt) < 40 and not deadline.passed():
         time.sleep(0.1)
     assert ui.ops.count_dead_letters(flt) == 40
 
@@ -577,11 +578,11 @@ def test_replay_job_progress_and_cancel(
 
     # What it did not send stays: every letter is sent or cancelled (a batch being sent
     # when the cancel came is recorded just after).
-    deadline = time.monotonic() + 10
+    deadline = Deadline(10)
     while True:
         job = ui.ops.replay_job(job_id)
         assert job is not None
-        if job["sent"] + job["cancelled"] == 40 or time.monotonic() > deadline:
+        if job["sent"] + job["cancelled"] == 40 or deadline.passed():
             break
         time.sleep(0.1)
     assert (job["state"], job["sent"] + job["cancelled"]) == ("cancelled", 40)
@@ -726,8 +727,8 @@ def test_pending_retry_now_and_cancel(ui: Ui, page: Page) -> None:
         expect(page.locator(".flash-ok")).to_have_text(f"Pending retry {first} is due now.")
         got = delivered(collector, b"pay-1")
         assert got.value == b'{"payment": 1}'
-        deadline = time.monotonic() + 10
-        while ui.ops.pending_one(first) is not None and time.monotonic() < deadline:
+        deadline = Deadline(10)
+        while ui.ops.pending_one(first) is not None and not deadline.passed():
             time.sleep(0.05)
         page.reload()
         expect(page.locator(f'tr[data-id="{first}"]')).to_have_count(0)
@@ -833,8 +834,8 @@ def _failure(
 
 def _deliveries(collector: Collector, key: bytes, count: int, timeout_s: float = 20) -> None:
     """Wait until `count` messages with `key` arrived on the collector's topic."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    deadline = Deadline(timeout_s)
+    while not deadline.passed():
         if sum(1 for d in collector.received if d.key == key) >= count:
             return
         collector.poll_until(len(collector.received) + 1, 0.5)
@@ -844,12 +845,12 @@ def _deliveries(collector: Collector, key: bytes, count: int, timeout_s: float =
 def _story(ui: Ui, state: str, timeout_s: float = 20, **where: Any) -> dict[str, Any]:
     """The one story found by `where` once it reached `state` (the service settles a
     delivery in its store just after the broker acknowledged it)."""
-    deadline = time.monotonic() + timeout_s
+    deadline = Deadline(timeout_s)
     while True:
         found = ui.ops.find_records(**where)
         if len(found) == 1 and found[0]["state"] == state:
             return found[0]
-        if time.monotonic() > deadline:
+        if deadline.passed():
             raise AssertionError(f"no {state} story for {where}: {found}")
         time.sleep(0.1)
 

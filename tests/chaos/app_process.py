@@ -16,12 +16,14 @@ handler does with a record is said by the end of its value:
 - anything else: it succeeds.
 
 Each call appends one JSON line to the events file: `{"event": "fail" | "ok",
-"value", "attempt", "pid", "at_ms", "due_ms", "key", "seq", "ts_ms", "fatal"}`:
+"value", "attempt", "pid", "at_ms", "due_ms", "key", "seq", "ts_ms", "partition",
+"fatal"}`:
 due_ms is the redelivery's `redrive-retry-at` (null on a first delivery and for
 in-place retries); key is the record key (text, null if none); seq the sequence
 number of a value `<name>:<seq>[:<marker>]` (the first all-digit field after the
 first; null if there is none); ts_ms the original record's timestamp (its
-`redrive-original-timestamp` on a redelivery); fatal whether a failure was the
+`redrive-original-timestamp` on a redelivery); partition the original record's
+partition; fatal whether a failure was the
 fatal one. A line is one `write` on a file opened for appending, so it is either
 wholly there or not at all, even after SIGKILL.
 
@@ -107,6 +109,11 @@ def main(argv: list[str] | None = None) -> int:
                 "key": message.key.decode(errors="replace") if message.key is not None else None,
                 "seq": seq_of(value),
                 "ts_ms": original if original is not None else message.timestamp_ms,
+                "partition": (
+                    retry.original_partition
+                    if retry is not None and retry.original_partition is not None
+                    else message.partition
+                ),
                 "fatal": fatal,
             }
         )

@@ -31,6 +31,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 from confluent_kafka.admin import AdminClient
 
 from redrive import headers as h
+from redrive.deadlines import Deadline
 from redrive.service.config import ServiceSettings
 from tests.integration.service_harness import ChildProcess, Record, ServiceProcess
 
@@ -138,8 +139,8 @@ def app_records(prefix: str, rng: random.Random) -> Callable[[int], Record]:
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.2) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    deadline = Deadline(timeout_s)
+    while not deadline.passed():
         if predicate():
             return True
         time.sleep(interval_s)
@@ -391,8 +392,8 @@ def committed_requests(
         ]
         consumer.assign(wanted)
         pending = {(tp.topic, tp.partition) for tp in wanted}
-        deadline = time.monotonic() + timeout_s
-        while pending and time.monotonic() < deadline:
+        deadline = Deadline(timeout_s)
+        while pending and not deadline.passed():
             msg = consumer.poll(0.5)
             if msg is None:
                 continue
@@ -421,7 +422,7 @@ def committed_requests(
                     msg.offset(),
                 )
             )
-        assert not pending, f"partitions not read to their end in {timeout_s:.0f}s: {pending}"
+        assert not pending, f"partitions not read to their end in {deadline.describe()}: {pending}"
     finally:
         consumer.close()
     return found

@@ -49,6 +49,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from redrive.deadlines import Deadline
 from redrive.local.kafka import LocalKafka
 from redrive.local.postgres import LocalPostgres
 from redrive.ports import free_port
@@ -119,10 +120,10 @@ def received_values(collector: Collector) -> Counter[bytes]:
 
 def collect_all(collector: Collector, sent: set[bytes], timeout_s: float) -> Counter[bytes]:
     """Collect until every sent value arrived (or the timeout), then until quiet."""
-    deadline = time.monotonic() + timeout_s
+    deadline = Deadline(timeout_s)
     seen: set[bytes] = set()
     index = 0
-    while time.monotonic() < deadline:
+    while not deadline.passed():
         seen.update(d.value for d in collector.received[index:] if d.value is not None)
         index = len(collector.received)
         if sent <= seen:

@@ -21,10 +21,12 @@ record is accounted for:
 - nothing lost: every record is handled successfully or is a dead letter in the
   service's store, and the dead letters are exactly the `:x` and `:f9` records,
   each stored once; no retry row is left in the service;
-- keys that never failed are not held up by the others' retries: a record of such
-  a key is handled at most ``QUIET_BOUND_S`` after it was produced when no app
-  outage falls between, and at most the longest app outage (SIGKILL until the
-  restarted app handles again) plus ``OUTAGE_MARGIN_S`` in any case.
+- keys that never failed are not held up by the others' retries: no record of such
+  a key comes back through redrive (each is handled on its first delivery), and
+  records of such keys overtake the failed records produced before them on their
+  partition (handled before those succeed or become dead letters): the partition is
+  not blocked. Both hold whatever the machine's speed; how long the clean keys'
+  records took from production to handling is printed, not asserted.
 
 It prints one line `[chaos key order] mode=... seed=...: sent S, received R, lost L,
 duplicates D; ...` with the faults, the dead-letter gaps and the delays measured.
@@ -32,6 +34,7 @@ duplicates D; ...` with the faults, the dead-letter gaps and the delays measured
 
 from __future__ import annotations
 
+import bisect
 import random
 import threading
 import time
@@ -77,11 +80,6 @@ PRODUCE_S = 90.0 if LONG else 20.0
 BURSTS = 4
 FAULTS = ["app", "service", "app", "app", "service", "app"] if LONG else ["app", "service", "app"]
 SETTLE_S = 300.0 if LONG else 150.0
-QUIET_BOUND_S = 3.0
-"""Measured (2 cores): 0.2 to 0.6 s at most, away from the app's outages."""
-OUTAGE_MARGIN_S = 5.0
-"""Measured (2 cores): the longest delay was at most 0.3 s over the longest outage
-(5.0 s for 4.7 s): a record produced just before a SIGKILL waits for the restart."""
 
 
 # ---------------------------------------------------------------------- the records
@@ -243,6 +241,10 @@ class Outcome:
     failed_calls: int
     back_ms: dict[int, int]
     """pid -> when that app process first called the handler."""
+    partition: dict[tuple[str, int], int]
+    """(key, seq) -> the partition it was produced to."""
+    redelivered_ok: set[tuple[str, int]]
+    """Records with a successful call on a redelivery (through the service or a tier)."""
 
 
 def read_outcome(events: list[dict[str, Any]]) -> Outcome:
@@ -252,23 +254,39 @@ def read_outcome(events: list[dict[str, Any]]) -> Outcome:
     ts: dict[tuple[str, int], int] = {}
     dead_at: dict[tuple[str, int], int] = {}
     back_ms: dict[int, int] = {}
+    partition: dict[tuple[str, int], int] = {}
+    redelivered_ok: set[tuple[str, int]] = set()
     failed = 0
     for index, event in enumerate(events):
         back_ms.setdefault(event["pid"], event["at_ms"])
         if event.get("seq") is None:
             continue
         ks = (event["key"], event["seq"])
+        partition.setdefault(ks, event["partition"])
+        ts.setdefault(ks, event["ts_ms"])
         if event["event"] == "ok":
             ok_calls[ks] += 1
+            if event["due_ms"] is not None:
+                redelivered_ok.add(ks)
             if ks not in ok:
                 ok[ks] = index
                 first_ok_at[ks] = event["at_ms"]
-                ts[ks] = event["ts_ms"]
         else:
             failed += 1
             if event.get("fatal") or event["attempt"] >= ATTEMPTS:
                 dead_at.setdefault(ks, index)
-    return Outcome(ok, ok_calls, first_ok_at, ts, dead_at, len(events), failed, back_ms)
+    return Outcome(
+        ok,
+        ok_calls,
+        first_ok_at,
+        ts,
+        dead_at,
+        len(events),
+        failed,
+        back_ms,
+        partition,
+        redelivered_ok,
+    )
 
 
 def order_violations(plan: Plan, outcome: Outcome) -> list[str]:
@@ -312,6 +330,39 @@ def clean_delays(
             if not any(start <= back and end >= down for down, back in outages):
                 quiet = max(quiet, delay)
     return worst, quiet, count
+
+
+def overtakes(plan: Plan, outcome: Outcome) -> int:
+    """Failed records that a later record of a clean key on their partition overtook:
+    produced after the failed one, handled before it succeeded or was dead-lettered.
+    A blocked partition has none."""
+    clean = plan.clean_keys
+    firsts: dict[int, list[tuple[int, int]]] = defaultdict(list)  # partition -> (ts, index)
+    for ks, index in outcome.ok.items():
+        if ks[0] in clean:
+            firsts[outcome.partition[ks]].append((outcome.ts[ks], index))
+    # Per partition, by production time: the earliest handling of anything produced later.
+    earliest_after: dict[int, tuple[list[int], list[int]]] = {}
+    for part, pairs in firsts.items():
+        pairs.sort()
+        stamps = [stamp for stamp, _ in pairs]
+        suffix = [index for _, index in pairs]
+        for i in range(len(suffix) - 2, -1, -1):
+            suffix[i] = min(suffix[i], suffix[i + 1])
+        earliest_after[part] = (stamps, suffix)
+    count = 0
+    for ks, value in plan.values.items():
+        if value.count(":") < 2 or ks not in outcome.partition:
+            continue  # never fails
+        resolved = outcome.ok.get(ks, outcome.dead_at.get(ks))
+        stamps, suffix = earliest_after.get(outcome.partition[ks], ([], []))
+        produced = outcome.ts.get(ks)
+        if resolved is None or produced is None:
+            continue
+        later = bisect.bisect_right(stamps, produced)
+        if later < len(suffix) and suffix[later] < resolved:
+            count += 1
+    return count
 
 
 def in_flight(events: list[dict[str, Any]], plan: Plan) -> int:
@@ -415,6 +466,8 @@ def test_key_order_holds_through_retries_app_kills_and_a_service_restart(
     handled_dead = sorted(outcome.ok.keys() & plan.dead)
     violations = order_violations(plan, outcome)
     worst, quiet, clean_records = clean_delays(plan, outcome, app_outages)
+    clean_redelivered = sorted(ks for ks in outcome.redelivered_ok if ks[0] in plan.clean_keys)
+    overtaken = overtakes(plan, outcome)
     received = sum(outcome.ok_calls.values()) + sum(dead.values())
     duplicates = sum(n - 1 for n in outcome.ok_calls.values())
     result = Tally(total, received, len(missing), duplicates, [repr(m).encode() for m in missing])
@@ -428,9 +481,10 @@ def test_key_order_holds_through_retries_app_kills_and_a_service_restart(
         f"{len(gaps)} dead-letter gaps in {len({k for k, _ in gaps})} keys; "
         f"order violations {len(violations)}; "
         f"clean keys {len(plan.clean_keys)} ({clean_records} records): "
-        f"max delay {worst:.2f}s (bound {longest_outage + OUTAGE_MARGIN_S:.1f}s = longest "
-        f"app outage {longest_outage:.1f}s + {OUTAGE_MARGIN_S:.0f}s), "
-        f"max delay away from app outages {quiet:.2f}s (bound {QUIET_BOUND_S:.0f}s)",
+        f"{len(clean_redelivered)} came back through redrive, "
+        f"{overtaken} failed records overtaken by them; "
+        f"max delay {worst:.2f}s (longest app outage {longest_outage:.1f}s), "
+        f"max delay away from app outages {quiet:.2f}s",
         elapsed,
     )
     print(f"[chaos {CASE}] dead-letter gaps (first 10): {gaps[:10]}", flush=True)
@@ -445,8 +499,8 @@ def test_key_order_holds_through_retries_app_kills_and_a_service_restart(
     assert not handled_dead, f"records that always fail were handled: {handled_dead[:10]}"
     assert drained, f"{pending_count(db)} rows left in the service's store"
     assert app.early() == 0, "a retry was handled before it was due"
-    assert quiet <= QUIET_BOUND_S, f"a clean key's record waited {quiet:.2f}s"
-    assert worst <= longest_outage + OUTAGE_MARGIN_S, f"a clean key's record waited {worst:.2f}s"
+    assert not clean_redelivered, f"clean keys' records held back: {clean_redelivered[:10]}"
+    assert overtaken > 0, "no clean key's record overtook a failed one: a partition was blocked"
     assert back and alive, f"the app died\n{app.log_tail()}"
     assert ready, "/readyz did not answer 200 after the service's restart"
     assert app_code == 0, app.log_tail()

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from redrive import App, Message
+from redrive.deadlines import Deadline
 from redrive.service.service import RetryService
 from tests.integration.service_harness import fresh_database, now_ms, settings_for
 
@@ -62,8 +63,8 @@ class Calls:
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float) -> bool:
     """Poll `predicate` until it holds or the deadline passes; whether it holds."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    deadline = Deadline(timeout_s)
+    while not deadline.passed():
         if predicate():
             return True
         time.sleep(0.05)

@@ -20,6 +20,7 @@ import psycopg
 from confluent_kafka import Consumer, KafkaError, Message, Producer
 
 from redrive.clock import now_ms
+from redrive.deadlines import Deadline
 from redrive.headers import Header, RetryHeaders, encode
 from redrive.kafka import consume_available
 from redrive.service.config import ServiceSettings
@@ -333,9 +334,10 @@ def pending_count(database_url: str) -> int:
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    """Wait for an outcome with a deadline; fail naming what did not happen."""
-    deadline = time.monotonic() + timeout_s
+    """Wait for an outcome with a deadline (a quiet machine's seconds, stretched when
+    it is loaded: redrive.deadlines); fail naming what did not happen."""
+    deadline = Deadline(timeout_s)
     while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+        if deadline.passed():
+            raise AssertionError(f"not within {deadline.describe()}: {what}")
         time.sleep(0.05)

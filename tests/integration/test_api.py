@@ -13,6 +13,7 @@ import httpx
 import psycopg
 import pytest
 
+from redrive.deadlines import Deadline
 from redrive.headers import decode
 from redrive.service.service import RetryService
 from tests.integration.service_harness import (
@@ -24,6 +25,7 @@ from tests.integration.service_harness import (
     request_headers,
     running_service,
     settings_for,
+    wait_until,
 )
 
 pytestmark = pytest.mark.integration
@@ -82,9 +84,7 @@ def env(bootstrap: str, database_url: str, new_topic: Callable[..., str]) -> Ite
         ]
         records.append({"key": b"bad", "value": b"\x00\xff", "headers": [("x", b"y")]})
         produce(bootstrap, settings.requests_topic, records)
-        deadline = time.monotonic() + 20
-        while len(dead_letters(service.database_url)) < 7 and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until(lambda: len(dead_letters(service.database_url)) >= 7, 20, "the 7 dead letters")
         operator = {"Authorization": f"Bearer {service.tokens.create('olivia', 'operator')}"}
         viewer = {"Authorization": f"Bearer {service.tokens.create('victor', 'viewer')}"}
         with httpx.Client(base_url=f"http://127.0.0.1:{service.http_port}", timeout=30) as api:
@@ -230,6 +230,8 @@ def test_replay_a_filter_delete_selections_and_export(env: Env) -> None:
     assert result.headers["location"] == f"/api/v1/jobs/{job['id']}"
     done = wait_for_job(env, job["id"])
     assert (done["state"], done["sent"], done["settled"], done["progress"]) == ("done", 3, 3, 1.0)
+    # The job writes what it sent to the audit log just after its state reads done.
+    wait_until(lambda: "replay" in audit_actions(env), 30, "the job's replay in the audit log")
     assert len(collector.poll_until(3, 20)) == 3
     collector.close()
     assert [j["id"] for j in env.api.get("/api/v1/jobs").json()["items"]] == [job["id"]]
@@ -260,15 +262,19 @@ def test_replay_a_filter_delete_selections_and_export(env: Env) -> None:
     )
     assert by_filter.json()["deleted"] == 1  # the invalid request was all that was left
     assert ids_of(env) == []
-    actions = [a["action"] for a in env.api.get("/api/v1/audit").json()["items"]]
     # The job's creation, then what it sent (written by the job when it ended).
-    assert actions == ["delete", "delete", "delete", "replay", "replay-job"]
+    assert audit_actions(env) == ["delete", "delete", "delete", "replay", "replay-job"]
+
+
+def audit_actions(env: Env) -> list[str]:
+    """The audit log's actions, newest first."""
+    return [a["action"] for a in env.api.get("/api/v1/audit").json()["items"]]
 
 
 def wait_for_job(env: Env, job_id: int, timeout_s: float = 30) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
+    deadline = Deadline(timeout_s)
     while (job := env.api.get(f"/api/v1/jobs/{job_id}").json())["state"] == "running":
-        assert time.monotonic() < deadline, f"replay job {job_id} did not end: {job}"
+        assert not deadline.passed(), f"replay job {job_id} did not end: {job}"
         time.sleep(0.1)
     return job
 
@@ -287,9 +293,9 @@ def test_pending_list_get_retry_now_and_cancel(env: Env) -> None:
             for i in range(3)
         ],
     )
-    deadline = time.monotonic() + 20
+    deadline = Deadline(20)
     items: list[dict[str, object]] = []
-    while len(items) < 3 and time.monotonic() < deadline:
+    while len(items) < 3 and not deadline.passed():
         items = env.api.get("/api/v1/pending", params={"destination": env.topic}).json()["items"]
         time.sleep(0.1)
     assert [i["due_ms"] for i in items] == [far, far + 1, far + 2]
@@ -391,9 +397,11 @@ def test_extreme_stored_numbers_show_in_the_api_and_the_ui(env: Env) -> None:
             }
         ],
     )
-    deadline = time.monotonic() + 20
-    while len(dead_letters(env.service.database_url)) < 8 and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(
+        lambda: len(dead_letters(env.service.database_url)) >= 8,
+        20,
+        "the dead letter with the largest numbers",
+    )
     with psycopg.connect(env.service.database_url) as conn:
         conn.execute(
             "INSERT INTO redrive_dead_letters (topic, headers, reason_code, reason, source, "

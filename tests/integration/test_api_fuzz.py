@@ -33,6 +33,7 @@ from schemathesis.engine.events import (
     ScenarioFinished,
 )
 
+from redrive.deadlines import Deadline
 from redrive.service.service import RetryService
 from tests.integration.service_harness import (
     dead_letters,
@@ -185,8 +186,8 @@ def seed_through_kafka(bootstrap: str, service: RetryService, topic: str) -> Non
         for i in range(3)
     ]
     produce(bootstrap, service.settings.requests_topic, records)
-    deadline = time.monotonic() + 30
-    while len(dead_letters(service.database_url)) < 4 and time.monotonic() < deadline:
+    deadline = Deadline(30)
+    while len(dead_letters(service.database_url)) < 4 and not deadline.passed():
         time.sleep(0.1)
     assert len(dead_letters(service.database_url)) >= 4
 

@@ -247,6 +247,8 @@ def test_the_docs_example_charges_concurrently_and_dead_letters_the_empty_order(
         )
         assert wait_for(lambda: len(example["charged"]) == 99, 30), len(example["charged"])
         assert wait_for(lambda: outcome_count(app, topic, "dead_lettered") == 1, 30)
+        # Counted at the end of the loop's turn, after the handlers ran.
+        wait_for(lambda: outcome_count(app, topic, "handled") == 99, 30)
         assert outcome_count(app, topic, "handled") == 99
     assert example["charged"] == {o["id"]: o["total"] for o in orders[1:]}
     collector = Collector(bootstrap, f"{topic}.dlq")

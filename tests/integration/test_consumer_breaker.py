@@ -19,6 +19,7 @@ import pytest
 from redrive import App, Breaker, Message
 from redrive.clock import now_ms
 from redrive.consumer.breaker import BreakerState
+from redrive.deadlines import Deadline
 from tests.integration.consumer_harness import running_app
 from tests.integration.service_harness import produce
 
@@ -80,8 +81,8 @@ class Story:
 
 
 def wait_for(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    deadline = Deadline(timeout_s)
+    while not deadline.passed():
         if predicate():
             return
         time.sleep(0.02)

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 from redrive import App, Message, policy
 from redrive.consumer import AsyncHandlerError
+from redrive.deadlines import Deadline
 from redrive.headers import decode, is_redrive_header
 from redrive.policy import DeadLetter, DeadLetterReason
 from redrive.service.store.packed_headers import unpack_headers
@@ -543,8 +544,8 @@ def test_hostile_records_end_handled_retried_or_dead_lettered(
             lane.collect()
         return all(set(sent[lane.strategy]) <= lane.outcomes.done() for lane in env.lanes)
 
-    deadline = time.monotonic() + 60
-    while not all_done() and time.monotonic() < deadline:
+    deadline = Deadline(60)
+    while not all_done() and not deadline.passed():
         time.sleep(0.05)
     for lane in env.lanes:
         tags = sent[lane.strategy]

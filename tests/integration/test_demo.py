@@ -114,12 +114,17 @@ def test_the_ui_address_the_demo_prints_shows_both_dead_letters(local_stack: Loc
     try:
         assert proc.stdout is not None
         url = None
+        printed = []
         for line in proc.stdout:
+            printed.append(line)
             if line.startswith("web UI: "):
                 url = line.removeprefix("web UI: ").strip()
             if "Running until Ctrl-C" in line:
                 break
-        assert url, "the demo printed no UI address"
+        if url is None:
+            proc.wait(60)
+            said = "".join(printed[-20:]) + (proc.stderr.read() if proc.stderr else "")
+            pytest.fail(f"the demo printed no UI address; it ended with:\n{said}")
         with urllib.request.urlopen(url, timeout=10) as response:
             overview = response.read().decode()
         assert response.status == 200

@@ -10,11 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.consumer_harness import retry_service
+from tests.integration.consumer_harness import retry_service, wait_for
 from tests.integration.service_harness import dead_letters, produce
 
 pytestmark = pytest.mark.integration
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def dead_letter_keys(database_url: str) -> list[bytes]:
+    return [bytes(letter["msg_key"]) for letter in dead_letters(database_url)]
 
 
 def test_consumer_quickstart_retries_and_dead_letters(bootstrap: str, database_url: str) -> None:
@@ -45,6 +49,8 @@ def test_consumer_quickstart_retries_and_dead_letters(bootstrap: str, database_u
         assert proc.returncode == 0, err[-2000:]
         assert "order 1: attempt 1" in out
         assert "order 2: attempt 1" in out and "order 2: attempt 2" in out
+        # The service stores the example's dead letter as its request comes in.
+        wait_for(lambda: dead_letter_keys(service.database_url) == [b"3"], 30)
+        assert dead_letter_keys(service.database_url) == [b"3"]
         letters = dead_letters(service.database_url)
-        assert [bytes(letter["msg_key"]) for letter in letters] == [b"3"]
         assert "deserialized" in letters[0]["reason"]

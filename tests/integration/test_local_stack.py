@@ -8,12 +8,15 @@ import shutil
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
+from redrive.errors import ConfigError
 from redrive.local import LocalStack
+from redrive.local.spark_cluster import LocalSparkCluster
 
 pytestmark = pytest.mark.integration
 
@@ -29,6 +32,16 @@ def run_cli(
     )
 
 
+@pytest.fixture
+def state(tmp_path: Path) -> Iterator[Path]:
+    """A stack's state folder: whatever the test's `up` started there is stopped at the
+    end, also when the test failed before its own `down`."""
+    try:
+        yield tmp_path
+    finally:
+        LocalStack(tmp_path).down()
+
+
 def processes_using(folder: Path) -> list[dict[str, object]]:
     """The processes whose command line names `folder` (what a stack left running)."""
     return [
@@ -38,22 +51,22 @@ def processes_using(folder: Path) -> list[dict[str, object]]:
     ]
 
 
-def test_up_twice_status_down_leaves_no_process(tmp_path: Path) -> None:
-    first = run_cli("local", "up", "--kafka-port", "0", "--postgres-port", "0", state=tmp_path)
+def test_up_twice_status_down_leaves_no_process(state: Path) -> None:
+    first = run_cli("local", "up", "--kafka-port", "0", "--postgres-port", "0", state=state)
     assert first.returncode == 0, first.stderr
-    stack = LocalStack(tmp_path)
+    stack = LocalStack(state)
     kafka_pid = stack.kafka().pid_record()
     postgres_pid = stack.postgres().pid_record()
     assert kafka_pid is not None and kafka_pid.alive()
     assert postgres_pid is not None and postgres_pid.alive()
     try:
-        second = run_cli("local", "up", state=tmp_path)
+        second = run_cli("local", "up", state=state)
         assert second.returncode == 0, second.stderr
         # The second `up` reuses the running servers: same processes, same ports.
         assert stack.kafka().pid_record() == kafka_pid
         assert stack.postgres().pid_record() == postgres_pid
 
-        status = run_cli("local", "status", "--json", state=tmp_path)
+        status = run_cli("local", "status", "--json", state=state)
         assert status.returncode == 0, status.stdout + status.stderr
         report = json.loads(status.stdout)
         assert report["kafka"] == {"running": True, "healthy": True}
@@ -62,62 +75,81 @@ def test_up_twice_status_down_leaves_no_process(tmp_path: Path) -> None:
         assert report["database_url"].startswith("postgresql://")
         assert f"127.0.0.1:{stack.ports().postgres}/redrive" in report["database_url"]
     finally:
-        down = run_cli("local", "down", state=tmp_path)
+        down = run_cli("local", "down", state=state)
     assert down.returncode == 0, down.stderr
     assert "kafka" in down.stdout and "postgres" in down.stdout
     for record in (kafka_pid, postgres_pid):
         assert not psutil.pid_exists(record.pid) or not record.alive()
     # No child of the postmaster (or anything else using the state folder) survives.
-    assert processes_using(tmp_path) == []
-    after = run_cli("local", "status", state=tmp_path)
+    assert processes_using(state) == []
+    after = run_cli("local", "status", state=state)
     assert after.returncode == 1
     assert "stopped" in after.stdout
 
 
 @pytest.mark.spark
-def test_up_with_spark_starts_a_cluster_that_down_stops(tmp_path: Path) -> None:
+@pytest.mark.serial
+def test_up_with_spark_starts_a_cluster_that_down_stops(state: Path) -> None:
     up = run_cli(
         *("local", "up", "--kafka-port", "0", "--postgres-port", "0"),
         *("--spark", "--spark-port", "0", "--spark-ui-port", "0"),
-        state=tmp_path,
+        state=state,
     )
     assert up.returncode == 0, up.stderr
-    cluster = LocalStack(tmp_path).spark()
+    cluster = LocalStack(state).spark()
     assert f"Started Spark master on {cluster.master_url()} (2 workers)" in up.stdout
     records = [daemon.pid_record() for daemon in [cluster.master(), *cluster.workers()]]
     assert all(record is not None and record.alive() for record in records)
     try:
-        status = run_cli("local", "status", "--json", state=tmp_path)
+        status = run_cli("local", "status", "--json", state=state)
         assert status.returncode == 0, status.stdout + status.stderr
         spark = json.loads(status.stdout)["spark"]
         assert spark["master_url"] == cluster.master_url()
         assert spark["healthy"] and spark["workers_alive"] == spark["workers"] == 2
     finally:
-        down = run_cli("local", "down", state=tmp_path)
+        down = run_cli("local", "down", state=state)
     assert down.returncode == 0, down.stderr
     assert down.stdout.startswith("stopped: spark, kafka, postgres")
     assert not any(record is not None and record.alive() for record in records)
-    assert processes_using(tmp_path) == []
+    assert processes_using(state) == []
     # After `down`, the cluster is no longer part of the stack's status.
-    after = run_cli("local", "status", state=tmp_path)
+    after = run_cli("local", "status", state=state)
     assert after.returncode == 1
     assert not any(line.startswith("spark") for line in after.stdout.splitlines())
 
 
-def test_occupied_port_names_the_setting_and_starts_nothing(tmp_path: Path) -> None:
+def test_an_up_that_fails_stops_the_servers_it_started(
+    state: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Spark cluster fails to start after the broker and the database did: `up`
+    stops those two again, so a failed `up` leaves nothing running."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise ConfigError("spark cluster", "not ready (injected)", "none")
+
+    monkeypatch.setattr(LocalSparkCluster, "up", refuse)
+    with pytest.raises(ConfigError, match="injected"):
+        LocalStack(state).up(kafka_port=0, postgres_port=0, quiet=True, spark=True)
+    stack = LocalStack(state)
+    assert not stack.kafka().running()
+    assert not stack.postgres().running()
+    assert processes_using(state) == []
+
+
+def test_occupied_port_names_the_setting_and_starts_nothing(state: Path) -> None:
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
         port = squatter.getsockname()[1]
         result = run_cli(
-            "local", "up", "--kafka-port", str(port), "--postgres-port", "0", state=tmp_path
+            "local", "up", "--kafka-port", str(port), "--postgres-port", "0", state=state
         )
     assert result.returncode == 2
     assert f"kafka port {port}" in result.stderr
     assert "already in use" in result.stderr
     assert "--kafka-port" in result.stderr  # the fix names the option
     assert "Traceback" not in result.stderr
-    assert not LocalStack(tmp_path).postgres().running()
+    assert not LocalStack(state).postgres().running()
 
 
 def test_missing_java_names_java_and_the_fix(tmp_path: Path) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import time
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -26,6 +25,7 @@ from tests.integration.service_harness import (
     now_ms,
     produce,
     request_headers,
+    wait_until,
 )
 
 pytestmark = pytest.mark.integration
@@ -124,9 +124,7 @@ def api_env(
                 },
             ],
         )
-        deadline = time.monotonic() + 20
-        while not dead_letters(service.database_url) and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until(lambda: bool(dead_letters(service.database_url)), 20, "the dead letter")
         token = service.tokens.create("sec-operator", "operator")
         with httpx.Client(base_url=f"http://127.0.0.1:{service.http_port}", timeout=30) as api:
             yield service, api, topic, {"Authorization": f"Bearer {token}"}

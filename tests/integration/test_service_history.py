@@ -15,7 +15,7 @@ import pytest
 from redrive import App, Message
 from redrive.service.history import HistoryPruner
 from redrive.service.store import Store
-from tests.integration.consumer_harness import Calls, retry_service, running_app
+from tests.integration.consumer_harness import Calls, retry_service, running_app, wait_for
 from tests.integration.service_harness import dead_letters, produce, wait_until
 
 pytestmark = pytest.mark.integration
@@ -70,6 +70,19 @@ def test_a_record_failing_twice_then_delivered_tells_its_story(
             wait_until(lambda: len(dead_letters(service.database_url)) == 1, 20, "the dead letter")
         base = f"http://127.0.0.1:{service.http_port}"
         with httpx.Client(base_url=base, timeout=30) as api:
+
+            def told() -> bool:
+                found = records(api, key="order-42")
+                return (
+                    len(found) == 1
+                    and (found[0]["state"], found[0]["attempts"]) == ("delivered", 3)
+                    and [e["event"] for e in found[0]["events"]]
+                    == ["failed", "scheduled", "delivered"] * 2
+                )
+
+            # The third delivery is recorded once the broker acknowledged it, which may
+            # be after the handler saw it.
+            wait_for(told, 30)
             [story] = records(api, key="order-42")
             assert (story["topic"], story["partition"], story["offset"]) == (
                 topic,

@@ -19,6 +19,7 @@ import httpx
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from redrive.deadlines import Deadline
 from redrive.service.service import RetryService
 from tests.integration.service_harness import (
     Collector,
@@ -178,8 +179,8 @@ def listed(env: Env, **params: str) -> list[dict[str, Any]]:
 
 
 def wait_listed(env: Env, count: int, **params: str) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + 30
-    while len(items := listed(env, **params)) < count and time.monotonic() < deadline:
+    deadline = Deadline(30)
+    while len(items := listed(env, **params)) < count and not deadline.passed():
         time.sleep(0.2)
     assert len(items) == count, items
     return items
@@ -229,9 +230,9 @@ def test_a_dead_letter_of_each_format_is_ingested_shown_and_replayed_byte_for_by
     try:
         replayed = env.api.post(f"/api/v1/dead-letters/{item['id']}/replay", headers=env.operator)
         assert replayed.status_code == 200, replayed.text
-        deadline = time.monotonic() + 20
+        deadline = Deadline(20)
         while not (mine := [d for d in collector.received if d.key == key]):
-            assert time.monotonic() < deadline, "the replay did not arrive"
+            assert not deadline.passed(), "the replay did not arrive"
             collector.poll_until(len(collector.received) + 1, 1)
     finally:
         collector.close()
@@ -256,9 +257,9 @@ def test_a_record_read_twice_is_one_dead_letter(env: Env) -> None:
         roles=["intake"],
     )
     with running_service(settings) as again:
-        deadline = time.monotonic() + 10
+        deadline = Deadline(10)
         while (
-            time.monotonic() < deadline
+            not deadline.passed()
             and again.metrics.registry.get_sample_value(
                 "redrive_dead_letters_ingested_total", {"format": "spring"}
             )

@@ -21,9 +21,11 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from redrive.clock import now_ms
+from redrive.deadlines import Deadline
 from redrive.headers import Order
 from redrive.service.filters import INT64_MAX, INT64_MIN, encode_cursor
 from redrive.service.service import RetryService
+from tests.integration.consumer_harness import wait_for
 from tests.integration.service_harness import (
     Collector,
     Delivery,
@@ -126,10 +128,10 @@ def env(bootstrap: str, database_url: str) -> Iterator[Env]:
 
 def arrived(collector: Collector, key: bytes, count: int, timeout_s: float = 30) -> list[Delivery]:
     """The deliveries of `key` so far, once at least `count` arrived (or the time is up)."""
-    deadline = time.monotonic() + timeout_s
+    deadline = Deadline(timeout_s)
     while True:
         mine = [d for d in collector.received if d.key == key]
-        if len(mine) >= count or time.monotonic() > deadline:
+        if len(mine) >= count or deadline.passed():
             return mine
         collector.poll_until(len(collector.received) + 1, 0.2)
 
@@ -282,6 +284,8 @@ def test_cancel_and_release_let_the_next_go_and_a_cancelled_row_behind_just_leav
             30,
             "21 released",
         )
+        # Recorded once the broker acknowledged it, which may be after it arrived.
+        wait_for(lambda: env.one(ids[22])["order_state"] == "delivered", 30)
         assert env.one(ids[22])["order_state"] == "delivered"
         collector.drain(1.0)
         assert [d.value for d in arrived(collector, key, 2)] == [b"v21", b"v22"]

@@ -21,6 +21,7 @@ from confluent_kafka import Producer
 from redrive.ports import free_port
 from redrive.service.auth import Tokens
 from redrive.service.store import Placed, Store
+from tests.integration.consumer_harness import wait_for
 from tests.integration.service_harness import (
     Collector,
     ServiceProcess,
@@ -79,6 +80,16 @@ def job_of(api: httpx.Client, job_id: int) -> dict[str, Any]:
     assert response.status_code == 200, response.text
     found: dict[str, Any] = response.json()
     return found
+
+
+def sent_or_cancelled(job: dict[str, Any]) -> int:
+    """How many of a job's letters are sent or cancelled, for good."""
+    return int(job["sent"]) + int(job["cancelled"])
+
+
+def audit_actions(api: httpx.Client) -> list[str]:
+    """The audit log's actions, newest first."""
+    return [a["action"] for a in api.get("/api/v1/audit").json()["items"]]
 
 
 def replay_all(api: httpx.Client, auth: dict[str, str], **body: Any) -> httpx.Response:
@@ -147,6 +158,8 @@ def test_a_job_of_5000_survives_a_sigkill_and_sends_each_letter_once(
         sample = next(d for d in received if d.value == b"v-00042")
         assert sample.key == b"k42" and sample.headers == [("trace-id", b"t42")]
 
+        # The job writes what it sent to the audit log just after its state reads done.
+        wait_until(lambda: "replay" in audit_actions(api), 30, "the job's replay in the audit log")
         audit = api.get("/api/v1/audit").json()["items"]
         actions = {a["action"]: a for a in audit}
         assert actions["replay-job"]["count"] == LETTERS
@@ -191,10 +204,13 @@ def test_a_cancelled_job_sends_nothing_more_and_keeps_the_rest(env: Env) -> None
         assert cancelled.status_code == 200, cancelled.text
         assert cancelled.json()["state"] == "cancelled"
         assert cancelled.json()["cancelled_by"] == "olivia"
-        time.sleep(1.0)  # a batch the cancel overtook is aborted, not sent
+        # A batch the cancel overtook is aborted, not sent; one being sent when the cancel
+        # came is recorded as sent just after.
+        wait_for(lambda: sent_or_cancelled(job_of(env.api, job["id"])) == 40, 30)
         final = job_of(env.api, job["id"])
-        assert final["sent"] + final["cancelled"] == 40 and final["cancelled"] > 0
-        received = collector.drain(2.0)
+        assert final["sent"] + final["cancelled"] == 40 and final["cancelled"] > 0, final
+        collector.poll_until(final["sent"], 30)
+        received = collector.drain(2.0)  # and no more
         assert len(received) == final["sent"]
         # What was not sent stays a dead letter, and may be replayed by a new job.
         assert len(dead_letters(env.database_url)) == final["cancelled"]
@@ -203,8 +219,11 @@ def test_a_cancelled_job_sends_nothing_more_and_keeps_the_rest(env: Env) -> None
         assert again.json()["job"]["total"] == final["cancelled"]
     finally:
         collector.close()
-    entries = env.api.get("/api/v1/audit").json()["items"]
-    assert [e["action"] for e in entries][:3] == ["replay-job", "cancel-replay-job", "replay-job"]
+    # The first job's creation and cancel, the second's creation, and what the second
+    # sent once it ended (the cancelled job audits no replay); newest first.
+    expected = ["replay", "replay-job", "cancel-replay-job", "replay-job"]
+    wait_for(lambda: audit_actions(env.api)[:4] == expected, 30)
+    assert audit_actions(env.api)[:4] == expected
 
 
 def test_job_refusals(env: Env) -> None:
@@ -274,7 +293,8 @@ def test_a_batch_a_crash_left_open_is_settled_by_what_kafka_did(
                 60,
                 "the job to end",
             )
-        received = collector.drain(2.0)
+        collector.poll_until(8, 30)
+        received = collector.drain(2.0)  # and no copies
         copies = Counter(d.value for d in received)
         assert sorted(copies) == sorted(f"o-{i:05d}".encode() for i in range(8))
         assert max(copies.values()) == 1, copies

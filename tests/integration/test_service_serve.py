@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from redrive.deadlines import Deadline
 from redrive.local import LocalStack
+from tests.integration.consumer_harness import wait_for
 from tests.integration.service_harness import Collector, now_ms, produce, request_headers
 
 pytestmark = pytest.mark.integration
@@ -49,9 +51,9 @@ def test_serve_without_settings_uses_the_local_stack_and_says_where_it_listens(
             stderr=subprocess.STDOUT,
         )
     try:
-        deadline = time.monotonic() + 60
+        deadline = Deadline(60)
         match = None
-        while match is None and time.monotonic() < deadline and proc.poll() is None:
+        while match is None and not deadline.passed() and proc.poll() is None:
             match = re.search(r"listening on (http://127\.0\.0\.1:\d+)", log_path.read_text())
             time.sleep(0.1)
         assert match, log_path.read_text()
@@ -76,13 +78,22 @@ def test_serve_without_settings_uses_the_local_stack_and_says_where_it_listens(
         )
         assert len(collector.poll_until(1, 20)) == 1
         collector.close()
-        time.sleep(0.5)
+        published = f'redrive_retries_published_total{{destination="{destination}"}}'
+
+        def counted(metrics: str) -> bool:
+            return (
+                metric(metrics, "redrive_requests_received_total") >= 1
+                and metric(metrics, "redrive_requests_scheduled_total") >= 1
+                and metric(metrics, published) == 1
+                and metric(metrics, "redrive_retry_lateness_seconds_count") >= 1
+            )
+
+        # Counted once the delivery's outcome is recorded, which may be after it arrived.
+        wait_for(lambda: counted(http_get(f"{base}/metrics")[1]), 30)
         _, metrics = http_get(f"{base}/metrics")
         assert metric(metrics, "redrive_requests_received_total") >= 1
         assert metric(metrics, "redrive_requests_scheduled_total") >= 1
-        assert (
-            metric(metrics, f'redrive_retries_published_total{{destination="{destination}"}}') == 1
-        )
+        assert metric(metrics, published) == 1
         assert metric(metrics, "redrive_retry_lateness_seconds_count") >= 1
         assert "redrive_pending" in metrics
     finally:

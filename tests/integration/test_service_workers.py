@@ -14,6 +14,7 @@ from confluent_kafka.admin import AdminClient
 
 from redrive.errors import ConfigError
 from redrive.service.workers import Worker
+from tests.integration.consumer_harness import wait_for
 from tests.integration.service_harness import (
     Collector,
     ServiceProcess,
@@ -78,9 +79,10 @@ def test_workers_share_the_work_count_as_one_and_end_together(
             10,
             "the scheduled count of both workers",
         )
-        text = http_get(f"{base}/metrics")[1]
         published = f'redrive_retries_published_total{{destination="{destination}"}}'
-        assert metric(text, published) == n
+        # Counted once each batch's outcome is recorded, which may be after its delivery.
+        wait_for(lambda: metric(http_get(f"{base}/metrics")[1], published) == n, 30)
+        assert metric(http_get(f"{base}/metrics")[1], published) == n
         assert '"worker": 1' in log.read_text()  # the child's log lines say which it is
 
         # A worker that dies takes the service down, loudly, for its supervisor.

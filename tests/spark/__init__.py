@@ -15,6 +15,7 @@ from pathlib import Path
 from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from redrive.deadlines import Deadline
 from redrive.headers import Header
 from redrive.kafka import headers_of
 from redrive.local.spark_cluster import LocalSparkCluster
@@ -89,8 +90,8 @@ class TopicReader:
 
     def wait_for(self, count: int, timeout_s: float, topic: str | None = None) -> list[Received]:
         """Read until ``count`` messages (of ``topic``, or of all) arrived or time is up."""
-        deadline = time.monotonic() + timeout_s
-        while len(self.of(topic)) < count and time.monotonic() < deadline:
+        deadline = Deadline(timeout_s)
+        while len(self.of(topic)) < count and not deadline.passed():
             self.poll(0.2)
         return self.of(topic)
 

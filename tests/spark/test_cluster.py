@@ -29,15 +29,17 @@ from pathlib import Path
 import psutil
 import pytest
 
+from redrive.deadlines import Deadline
 from redrive.headers import decode
 from redrive.local.spark_cluster import LocalSparkCluster, SparkDaemon, spark_home
 from redrive.ports import free_port
 from redrive.spark import connector_jars
+from tests.integration.consumer_harness import wait_for
 from tests.integration.service_harness import produce
 from tests.spark import Received, TopicReader, create_topics, running_cluster, unique
 from tests.spark.cluster_job import is_fatal, is_flaky
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.serial]
 
 JOB = Path(__file__).with_name("cluster_job.py")
 RECORDS = 400
@@ -75,6 +77,8 @@ def submit(
         path.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_", "PYSPARK_"))}
     env.update(
+        # The suite's spark-defaults.conf (tests/spark-conf), as a cluster's own would be.
+        SPARK_CONF_DIR=os.environ["SPARK_CONF_DIR"],
         SPARK_HOME=str(spark_home()),
         SPARK_LOCAL_IP="127.0.0.1",
         # On this one machine the executors run this venv's Python, which has redrive;
@@ -140,12 +144,12 @@ def wait_until(
     driver: subprocess.Popen[bytes],
 ) -> None:
     """Poll the topics until ``done()``; fail if the driver exits or the deadline passes."""
-    deadline = time.monotonic() + timeout_s
+    deadline = Deadline(timeout_s)
     while not done():
         if driver.poll() is not None:
             pytest.fail(f"the driver exited ({driver.returncode}) before {what}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {timeout_s:.0f} s: {what}")
+        if deadline.passed():
+            pytest.fail(f"not within {deadline.describe()}: {what}")
         reader.poll(0.5)
 
 
@@ -188,7 +192,7 @@ def busy_worker(
     """A worker whose executor runs a task right now (so that killing it interrupts
     one), or any worker with an executor if none is seen busy within 30 s; and whether
     it was busy."""
-    deadline = time.monotonic() + 30
+    deadline = Deadline(30)
     while True:
         workers = [(w, executors_of(w)) for w in cluster.workers()]
         workers = [(w, found) for w, found in workers if found]
@@ -197,7 +201,7 @@ def busy_worker(
         for worker, found in workers:
             if any(executor_id(e) in busy for e in found):
                 return worker, found, True
-        if time.monotonic() > deadline:
+        if deadline.passed():
             return *workers[0], False
         reader.poll(0.05)
 
@@ -333,6 +337,9 @@ def test_pipeline_and_scheduler_on_a_cluster_survive_a_lost_worker(
         lines = driver_log.splitlines()
         rerun = sum("its executor exited" in line for line in lines)
         resubmitted = sum("Resubmitting" in line and "fetch failure" in line for line in lines)
+        # The master drops the lost worker when its connection goes, or at the latest
+        # when its heartbeats stop for spark.worker.timeout (60 s).
+        wait_for(lambda: cluster.status().workers_alive == 1, 120)
         assert cluster.status().workers_alive == 1
 
         outputs = handled(reader.of(output))

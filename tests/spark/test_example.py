@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from redrive.deadlines import Deadline
 from tests.integration.service_harness import produce
 from tests.spark import TopicReader
 
@@ -28,12 +29,12 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "spark_pipeline.py"
 
 
 def wait_for_line(log: Path, line: str, process: subprocess.Popen[bytes], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
+    deadline = Deadline(timeout_s)
     while line not in log.read_text(errors="replace"):
         if process.poll() is not None:
             pytest.fail(f"the example exited ({process.returncode}):\n{tail(log)}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"no {line!r} within {timeout_s:.0f} s:\n{tail(log)}")
+        if deadline.passed():
+            pytest.fail(f"no {line!r} within {deadline.describe()}:\n{tail(log)}")
         time.sleep(0.2)
 
 
@@ -72,12 +73,14 @@ def test_the_spark_example_charges_retries_and_dead_letters(bootstrap: str, tmp_
             ],
         )
         reader = TopicReader(bootstrap, [charged, dlq, orders])
-        deadline = time.monotonic() + 240
+        deadline = Deadline(240)
         while len(reader.of(charged)) < 2 or not reader.of(dlq):
             if example.poll() is not None:
                 pytest.fail(f"the example exited ({example.returncode}):\n{tail(log)}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"not charged and dead-lettered within 240 s:\n{tail(log)}")
+            if deadline.passed():
+                pytest.fail(
+                    f"not charged and dead-lettered within {deadline.describe()}:\n{tail(log)}"
+                )
             reader.poll(0.5)
 
         results = {m.key: json.loads(m.value or b"") for m in reader.of(charged)}

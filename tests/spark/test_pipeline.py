@@ -41,6 +41,7 @@ from redrive.spark.pipeline import start_pipeline
 from redrive.spark.routing import RecordHandler, Routing
 from redrive.spark.scheduler import build_scheduler_query
 from redrive.spark.session import spark_session
+from tests.integration.consumer_harness import wait_for
 from tests.integration.kcat import kcat_produce
 from tests.integration.service_harness import (
     dead_letters,
@@ -230,6 +231,11 @@ def test_failures_are_retried_and_dead_lettered_and_the_query_survives(
             assert b"ValueError: bad record" in (letter.header("redrive-error-trace") or b"")
 
 
+def dead_letter_values(database_url: str) -> list[int]:
+    """The values of the retry service's dead letters, sorted."""
+    return sorted(int(row["msg_value"]) for row in dead_letters(database_url))
+
+
 def test_with_the_retry_service_and_a_per_group_retry_topic(
     spark: Any, bootstrap: str, database_url: str, tmp_path: Any
 ) -> None:
@@ -276,11 +282,16 @@ def test_with_the_retry_service_and_a_per_group_retry_topic(
         )
         try:
             reader.wait_for(len(good), timeout_s=180, topic=output)
+            # Each flaky record came back twice before its result: read what the reader
+            # has not read yet of the retry topic, then anything more.
+            reader.wait_for(2 * len(flaky), timeout_s=60, topic=retry)
             reader.poll(2)
             assert pipeline.isActive and pipeline.exception() is None
         finally:
             pipeline.stop()
             reader.close()
+        # The service stores the dead letters as their requests come in.
+        wait_for(lambda: dead_letter_values(settings.database_url or "") == sorted(fatal), 60)
         letters = dead_letters(settings.database_url or "")
 
     results = [json.loads(r.value or b"") for r in reader.of(output)]

@@ -14,7 +14,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ import psutil
 import pytest
 
 import redrive.spark.pipeline_command
+from redrive.deadlines import Deadline
 from redrive.headers import decode
 from redrive.local.spark_cluster import LocalSparkCluster
 from redrive.spark import connector_jars
@@ -76,12 +76,12 @@ def wait_for_outcomes(
 ) -> None:
     """Until the result and the two requests are in, with a deadline; fail at once if
     the command exits."""
-    deadline = time.monotonic() + 240
+    deadline = Deadline(240)
     while len(reader.of(output)) < 1 or len(reader.of(requests)) < 2:
         if process.poll() is not None:
             pytest.fail(f"the command exited ({process.returncode}):\n{tail(log)}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"no result and two requests within 240 s:\n{tail(log)}")
+        if deadline.passed():
+            pytest.fail(f"no result and two requests within {deadline.describe()}:\n{tail(log)}")
         reader.poll(0.5)
 
 
@@ -153,6 +153,7 @@ def cluster(tmp_path: Path) -> Iterator[LocalSparkCluster]:
         yield cluster
 
 
+@pytest.mark.serial
 def test_the_command_is_spark_submits_main_file_on_a_cluster(
     bootstrap: str, new_topic: Callable[..., str], tmp_path: Path, cluster: LocalSparkCluster
 ) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from redrive.deadlines import Deadline
 from redrive.headers import DEAD_LETTER_REASON, Header, RetryHeaders, encode
 from redrive.spark.scheduler import build_scheduler_query
 from redrive.spark.session import spark_session
@@ -44,19 +45,19 @@ def requests_read(query: Any) -> int:
 
 def wait_for_requests(query: Any, count: int, timeout_s: float = 120) -> None:
     """Until the query has read (and, its batch committed, stored) ``count`` requests."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    deadline = Deadline(timeout_s)
+    while not deadline.passed():
         assert query.exception() is None, query.exception()
         if requests_read(query) >= count:
             return
         time.sleep(0.2)
-    raise AssertionError(f"the query did not read {count} requests in {timeout_s} s")
+    raise AssertionError(f"the query did not read {count} requests in {deadline.describe()}")
 
 
 def wait_until_running(query: Any, timeout_s: float = 120) -> None:
     """Until the query's first micro-batch completed (JVM and Python workers are warm)."""
-    deadline = time.monotonic() + timeout_s
-    while not query.recentProgress and time.monotonic() < deadline:
+    deadline = Deadline(timeout_s)
+    while not query.recentProgress and not deadline.passed():
         assert query.exception() is None, query.exception()
         time.sleep(0.2)
     assert query.recentProgress, "the scheduler query did not complete a batch"
@@ -303,8 +304,8 @@ def test_what_the_destination_would_refuse_for_good_is_a_dead_letter(
         found = {r.key or r.value: r for r in reader.of(scheduler.dlq_topic)}
         return {name: r for name, r in found.items() if name in ours}
 
-    deadline = time.monotonic() + 120
-    while len(letters()) < len(ours) and time.monotonic() < deadline:
+    deadline = Deadline(120)
+    while len(letters()) < len(ours) and not deadline.passed():
         reader.poll(0.5)
     reader.wait_for(1, timeout_s=60, topic=small)
     reader.wait_for(1, timeout_s=60, topic=compacted)
