@@ -11,6 +11,7 @@ and only the forgotten one may have needed the suite's last-resort check
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -105,8 +106,13 @@ def test_failures_and_timeouts_leave_no_process_behind(tmp_path: Path) -> None:
         assert "Timeout" in output, output
         # The forgotten process is the only one the last-resort check had to kill.
         assert "left running after every fixture was torn down" in output, output
+        # pytest prints the report twice (errors section and short summary): read the first.
         report = output.split("left running after every fixture was torn down", 1)[1]
-        named = [line for line in report.splitlines() if line.strip().startswith("pid ")]
+        named = list(
+            itertools.takewhile(
+                lambda line: line.strip().startswith("pid "), report.splitlines()[1:]
+            )
+        )
         assert [line.split(": ", 1)[1] for line in named] == ["sleep 3600"], output
         _, alive = psutil.wait_procs(processes_of(run), timeout=10)
         assert alive == [], [proc.cmdline() for proc in alive]

@@ -85,6 +85,18 @@ class GroupScheduling(LoadScopeScheduling):
         self.groups_dir = groups_dir
         self._groups: dict[str, str] | None = None
 
+    def _reschedule(self, node: Any) -> None:
+        """A worker gets its next unit when it is down to its last test (a worker runs
+        a test once it knows the next one, or that there is none): work waits in the
+        queue, where any worker may take it, not behind another worker's long test."""
+        if node.shutting_down:
+            return
+        if not self.workqueue:
+            node.shutdown()
+            return
+        if self._pending_of(self.assigned_work[node]) <= 1:
+            self._assign_work_unit(node)
+
     def _split_scope(self, nodeid: str) -> str:
         if self._groups is None:
             # Called once every worker has collected; their files are all the same.

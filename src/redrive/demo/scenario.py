@@ -217,7 +217,6 @@ def _settings(status: StackStatus) -> ServiceSettings:
             *retry_topics(APP_GROUP),
             *retry_topics(SPARK_GROUP),
         ],
-        http_port=_port(SERVICE_PORT),
     )
 
 
@@ -389,7 +388,11 @@ def run(*, oneshot: bool = False) -> int:
         # while it starts (see SparkEngine.start).
         running.engine.start()
 
-        running.service = service = RetryService(settings)
+        # The port is chosen as the service starts, not before Spark's minute of
+        # start-up, when another program may take it meanwhile.
+        running.service = service = RetryService(
+            settings.model_copy(update={"http_port": _port(SERVICE_PORT)})
+        )
         service.start()
         running.app = app = build_app(
             status.bootstrap,
