@@ -152,14 +152,36 @@ def request_id(request: RetryHeaders) -> str:
     and a consumer can tell that repeat delivery from a new record. The attempt is in
     it because each retry of a record is a new request: the record failing again
     after its redelivery is a new failure, with its own id.
+
+    A dead letter is that failure handed off the other way, so it has the id a retry
+    of it would have: a failure retried before a crash and dead-lettered after it (its
+    deadline passed meanwhile) is still one failure. A record put behind its key's
+    retry has attempt 0, which no failure has; a release names the retry it ends, so
+    its fields are those of that retry, told apart by a prefix.
     """
-    fields = [
+    return failure_id(
         request.group,
         request.original_topic,
         request.original_partition,
         request.original_offset,
         request.attempt,
-    ]
+        release=request.order == "release",
+    )
+
+
+def failure_id(
+    group: str | None,
+    topic: str | None,
+    partition: int | None,
+    offset: int | None,
+    attempt: int,
+    *,
+    release: bool = False,
+) -> str:
+    """:func:`request_id` from its fields (a stored row's columns, say)."""
+    fields: list[object] = [group, topic, partition, offset, attempt]
+    if release:  # not the failure: the consumer is done with it
+        fields.insert(0, "release")
     # JSON keeps the fields apart whatever a group name contains (a separator, say).
     data = json.dumps(fields, separators=(",", ":")).encode("ascii")
     return hashlib.blake2b(data, digest_size=ID_LENGTH // 2).hexdigest()

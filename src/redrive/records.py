@@ -46,6 +46,8 @@ class PendingRetry:
     original_partition: int | None
     original_offset: int | None
     request: RequestCoordinates
+    identity: bytes
+    """What a repeat of this request has too (:func:`redrive.requests.identity`)."""
     order: Order | None = None
     """``key`` or ``behind`` when the record keeps its key's order (``redrive-order``)."""
 
@@ -66,6 +68,7 @@ class Release:
     original_offset: int
     attempt: int
     request: RequestCoordinates
+    identity: bytes
 
 
 def order_queue(
@@ -100,3 +103,6 @@ class DeadLetterRecord(FailureHistory):
     """Who made it a dead letter: ``intake`` or ``scheduler``."""
     attempt: int | None = None
     request: RequestCoordinates | None = None
+    identity: bytes | None = None
+    """The identity of the request that became this letter; None when it was not a
+    request (a record ingested from a dead-letter topic, a retry the scheduler gave up)."""

@@ -11,6 +11,8 @@ as one or the other.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -33,6 +35,7 @@ from redrive.headers import (
     HeaderError,
     RetryHeaders,
     decode,
+    failure_id,
     split_headers,
 )
 from redrive.kafka import read_headers
@@ -115,7 +118,13 @@ def classify(
             queue = order_queue(
                 request.group, request.original_topic, request.original_partition, msg.key
             )
-            return Release(queue, request.original_offset, request.attempt, msg.coordinates)
+            return Release(
+                queue,
+                request.original_offset,
+                request.attempt,
+                msg.coordinates,
+                identity(request, msg.coordinates),
+            )
     if not rules.destination_allowed(request.destination):
         return dead(
             DeadLetterReason.DESTINATION_NOT_ALLOWED,
@@ -181,8 +190,54 @@ def classify(
         original_partition=request.original_partition,
         original_offset=request.original_offset,
         request=msg.coordinates,
+        identity=identity(request, msg.coordinates),
         order=request.order,
     )
+
+
+def identity(request: RetryHeaders | None, coordinates: RequestCoordinates) -> bytes:
+    """What makes a request the same as another, 16 bytes: a repeat of it carries the
+    same, whoever repeats it (a consumer handing a failure off again after a crash, a
+    Spark batch run again, intake reading again what it had not committed).
+
+    Its ``redrive-id``; for a request without one, what the id is made of (its group,
+    original coordinates and attempt: :func:`redrive.headers.request_id`); for one that
+    names no original record, or could not be read, where it was read from.
+    """
+    if request is None:
+        return _read_at(coordinates)
+    if request.id is not None:
+        return bytes.fromhex(request.id)
+    return failure_identity(
+        request.group,
+        request.original_topic,
+        request.original_partition,
+        request.original_offset,
+        request.attempt,
+        coordinates,
+        release=request.order == "release",
+    )
+
+
+def failure_identity(
+    group: str | None,
+    topic: str | None,
+    partition: int | None,
+    offset: int | None,
+    attempt: int,
+    coordinates: RequestCoordinates,
+    *,
+    release: bool = False,
+) -> bytes:
+    """:func:`identity` from a request's fields (a stored row's columns, say)."""
+    if topic is None or offset is None:
+        return _read_at(coordinates)
+    return bytes.fromhex(failure_id(group, topic, partition, offset, attempt, release=release))
+
+
+def _read_at(coordinates: RequestCoordinates) -> bytes:
+    where = json.dumps(["request", *coordinates], separators=(",", ":")).encode()
+    return hashlib.blake2b(where, digest_size=16).digest()
 
 
 def _order_problem(request: RetryHeaders, rules: IntakeRules) -> str | None:
@@ -231,6 +286,7 @@ def _dead(
         reason=reason,
         source=SOURCE,
         request=msg.coordinates,
+        identity=identity(request, msg.coordinates),
     )
     if request is not None:
         return letter(

@@ -20,9 +20,10 @@ The path of one failure (:meth:`Router.route`):
    place gets none (nothing is written). Headers that cannot be written (a value a
    forged header put out of range) make a dead letter instead, reason INVALID_REQUEST.
 3. A dead letter gets the same headers with ``redrive-send-to: dlq`` and
-   ``redrive-reason``, but no ``redrive-id``: it is not delivered, and a replay of
-   it is a new record. Should even those be invalid, the letter keeps what it can and
-   says why: a dead letter is never dropped.
+   ``redrive-reason``, and the ``redrive-id`` of its failure (the one a retry of it
+   would have), so that its receiver stores a repeated hand-off once; a replay of it
+   carries no redrive headers and is a new record. Should even those be invalid, the
+   letter keeps what it can and says why: a dead letter is never dropped.
 
 A record that cannot reach its handler at all (headers unreadable, a value that does
 not deserialize, redrive's own failure on it) is rejected without the policy:
@@ -275,6 +276,7 @@ class Router:
                 reason=dead.text,
                 attempt=dead.attempt,
             )
+            headers = dataclasses.replace(headers, id=request_id(headers))
         except HeaderError as header_error:  # not expected: keep the letter, say why
             headers = RetryHeaders(
                 destination=record.topic,

@@ -13,6 +13,7 @@ import pytest
 
 from redrive.reasons import DeadLetterReason
 from redrive.records import PendingRetry, RequestCoordinates
+from redrive.requests import identity
 from redrive.service.store import Settlement, Store
 from tests.integration.service_harness import fresh_database, now_ms
 
@@ -35,6 +36,7 @@ def _pending(n: int, due_ms: int) -> list[PendingRetry]:
             original_partition=None,
             original_offset=None,
             request=RequestCoordinates("redrive.requests", 0, i),
+            identity=identity(None, RequestCoordinates("redrive.requests", 0, i)),
         )
         for i in range(n)
     ]
@@ -55,7 +57,7 @@ def test_two_claims_never_share_a_row_and_settled_rows_are_gone(database_url: st
     url = fresh_database(database_url)
     a, b = _store(url), _store(url)
     try:
-        a.insert_batch(_pending(10, now_ms() - 1_000), ())
+        a.insert_batch(_pending(10, now_ms() - 1_000), (), now_ms=now_ms())
         with a.claim_due(now_ms=now_ms(), limit=6) as first:
             with b.claim_due(now_ms=now_ms(), limit=100) as second:
                 assert len(first.rows) == 6
@@ -77,7 +79,7 @@ def test_a_claim_that_fails_gives_its_rows_back_at_once(database_url: str) -> No
     url = fresh_database(database_url)
     a, b = _store(url), _store(url)
     try:
-        a.insert_batch(_pending(3, now_ms() - 1_000), ())
+        a.insert_batch(_pending(3, now_ms() - 1_000), (), now_ms=now_ms())
         claimed = []
 
         def fail_mid_claim() -> None:
@@ -99,7 +101,7 @@ def test_retry_later_and_dead_letters_are_recorded_with_the_claim(database_url: 
     url = fresh_database(database_url)
     store = _store(url)
     try:
-        store.insert_batch(_pending(3, now_ms() - 1_000), ())
+        store.insert_batch(_pending(3, now_ms() - 1_000), (), now_ms=now_ms())
         later = now_ms() + 60_000
         with store.claim_due(now_ms=now_ms(), limit=10) as claim:
             one, two, three = (r.id for r in claim.rows)
@@ -125,7 +127,7 @@ def test_a_hung_claim_is_ended_by_the_database_and_its_rows_freed(database_url: 
     url = fresh_database(database_url)
     hung, other = _store(url, claim_timeout_s=1.0), _store(url)
     try:
-        hung.insert_batch(_pending(2, now_ms() - 1_000), ())
+        hung.insert_batch(_pending(2, now_ms() - 1_000), (), now_ms=now_ms())
         holding = threading.Event()
         released = threading.Event()
 

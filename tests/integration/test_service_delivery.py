@@ -11,7 +11,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from redrive.deadlines import Deadline
-from redrive.headers import decode
+from redrive.headers import RetryHeaders, decode, request_id
 from tests.integration.service_harness import (
     Collector,
     dead_letters,
@@ -22,7 +22,13 @@ from tests.integration.service_harness import (
     request_headers,
     running_service,
     settings_for,
+    wait_until,
 )
+
+
+def request_id_of(fields: dict[str, object]) -> str:
+    return request_id(RetryHeaders(destination="any", retry_at=0, **fields))  # type: ignore[arg-type]
+
 
 pytestmark = pytest.mark.integration
 
@@ -197,3 +203,57 @@ def test_a_message_its_destination_refuses_for_good_becomes_a_dead_letter(
         assert destination in letter["reason"]
         assert bytes(letter["msg_value"]) == record["value"], "kept whole"
     assert pending_count(db) == 0, "nothing stays pending, retried forever"
+
+
+def test_a_request_sent_again_after_delivery_or_as_a_dead_letter_is_dropped_and_counted(
+    bootstrap: str, database_url: str, new_topic: Callable[..., str]
+) -> None:
+    """Senders repeat themselves after a crash, long after the first copy is gone: the
+    repeat of a delivered retry is not delivered again, nor a dead letter stored twice."""
+    destination = new_topic("orders")
+    db = fresh_database(database_url)
+    settings = settings_for(bootstrap, db, allowed_destinations=[destination])
+    failure = {
+        "group": "billing",
+        "original_topic": destination,
+        "original_partition": 0,
+        "original_offset": 17,
+        "attempt": 2,
+    }
+    retry = request_headers(destination, now_ms(), **failure, id=request_id_of(failure))
+    # Its failure's next one, given up on: a dead letter with its own identity.
+    spent = {**failure, "attempt": 3}
+    letter = request_headers(
+        destination, now_ms(), **spent, send_to="dlq", reason="attempts exhausted"
+    )
+    with running_service(settings) as service:
+        collector = Collector(bootstrap, destination)
+
+        def repeats(stage: str) -> float:
+            sample = service.exposed_metrics.get_sample_value(
+                "redrive_requests_repeated_total", {"stage": stage}
+            )
+            return sample or 0.0
+
+        requests = settings.requests_topic
+        produce(bootstrap, requests, [{"key": b"k", "value": b"v", "headers": retry}])
+        assert len(collector.poll_until(1, 30.0)) == 1
+        wait_until(lambda: pending_count(db) == 0, 30, "the first copy settled")
+        produce(bootstrap, requests, [{"key": b"k", "value": b"v", "headers": letter}])
+        wait_until(lambda: len(dead_letters(db)) == 1, 30, "the dead letter stored")
+        produce(
+            bootstrap,
+            requests,
+            [
+                {"key": b"k", "value": b"v", "headers": retry},
+                {"key": b"k", "value": b"v", "headers": letter},
+            ],
+        )
+        wait_until(lambda: repeats("retry") == 1, 30, "the retry's repeat counted")
+        wait_until(lambda: repeats("dead_letter") == 1, 30, "the letter's repeat counted")
+        # Both were read and dropped: nothing more can come of them.
+        received = collector.poll_until(2, 1.0)
+        collector.close()
+    assert len(received) == 1
+    assert len(dead_letters(db)) == 1
+    assert pending_count(db) == 0

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from redrive import App, Message
-from redrive.service.history import HistoryPruner
+from redrive.service.history import history_pruner
 from redrive.service.store import Store
 from tests.integration.consumer_harness import Calls, retry_service, running_app, wait_for
 from tests.integration.service_harness import dead_letters, produce, wait_until
@@ -164,10 +164,10 @@ def test_history_is_pruned_past_retention_a_batch_at_a_time(
     store = retried_once(bootstrap, database_url, topic, [f"k{i}".encode() for i in range(5)])
     store.open()
     try:
-        kept = HistoryPruner(store, 3600, threading.Event(), batch=2)
+        kept = history_pruner(store, 3600, threading.Event(), batch=2)
         assert kept.prune() == 0  # delivered within the hour: kept
         assert len(store.record_steps(topic=topic)) == 5
-        pruner = HistoryPruner(store, 0, threading.Event(), batch=2)
+        pruner = history_pruner(store, 0, threading.Event(), batch=2)
         assert pruner.prune() == 5  # three batches: 2, 2, 1
         assert store.record_steps(topic=topic) == []
     finally:

@@ -15,8 +15,9 @@ import psycopg
 import pytest
 
 from redrive.reasons import DeadLetterReason
-from redrive.records import PendingRetry, RequestCoordinates
-from redrive.service.store import Settlement, Store
+from redrive.records import DeadLetterRecord, PendingRetry, RequestCoordinates
+from redrive.requests import failure_identity
+from redrive.service.store import Settlement, Store, Stored
 from redrive.service.store.packed_headers import unpack_headers
 from tests.integration.service_harness import fresh_database, now_ms
 
@@ -26,21 +27,37 @@ HEADERS = [("trace", b"\x00\xff"), ("empty", None), ("redrive-retry-at", b"1")]
 
 
 def _request(offset: int, *, original_offset: int | None = None) -> PendingRetry:
-    return PendingRetry(
-        due_ms=now_ms() + 60_000,
-        destination="orders",
-        partition=None,
-        key=f"k{offset}".encode(),
-        value=bytes(range(256)) * 4,
-        headers=HEADERS,
-        attempt=2,
-        group="billing" if original_offset is not None else None,
-        deadline_ms=None,
-        original_topic="orders" if original_offset is not None else None,
-        original_partition=0 if original_offset is not None else None,
-        original_offset=original_offset,
-        request=RequestCoordinates("redrive.requests", 1, offset),
+    return _identified(
+        PendingRetry(
+            due_ms=now_ms() + 60_000,
+            destination="orders",
+            partition=None,
+            key=f"k{offset}".encode(),
+            value=bytes(range(256)) * 4,
+            headers=HEADERS,
+            attempt=2,
+            group="billing" if original_offset is not None else None,
+            deadline_ms=None,
+            original_topic="orders" if original_offset is not None else None,
+            original_partition=0 if original_offset is not None else None,
+            original_offset=original_offset,
+            request=RequestCoordinates("redrive.requests", 1, offset),
+            identity=b"",
+        )
     )
+
+
+def _insert(
+    store: Store, pending: list[PendingRetry], dead: list[DeadLetterRecord] | None = None
+) -> Stored:
+    return store.insert_batch(pending, dead or [], now_ms=now_ms())
+
+
+def _identified(row: PendingRetry, **changes: object) -> PendingRetry:
+    """``row`` with ``changes``, and the identity intake would give it then."""
+    row = dataclasses.replace(row, **changes)  # type: ignore[arg-type]
+    fields = (row.group, row.original_topic, row.original_partition, row.original_offset)
+    return dataclasses.replace(row, identity=failure_identity(*fields, row.attempt, row.request))
 
 
 def _stored(url: str) -> list[tuple[int, bytes, bytes, list[tuple[str, bytes | None]]]]:
@@ -61,7 +78,7 @@ def test_a_new_batch_is_stored_whole_and_byte_for_byte(store_url: str) -> None:
     store = Store(store_url)
     store.open()
     try:
-        assert store.insert_batch([_request(i) for i in range(5)], ()) == 5
+        assert _insert(store, [_request(i) for i in range(5)]).inserted == 5
     finally:
         store.close()
     stored = _stored(store_url)
@@ -82,12 +99,12 @@ def test_a_batch_read_again_stores_only_its_new_requests(
     store = Store(store_url)
     store.open()
     try:
-        assert store.insert_batch([request(i) for i in range(3)], ()) == 3
+        assert _insert(store, [request(i) for i in range(3)]).inserted == 3
         # Intake crashed before committing offsets: the batch comes back, with more.
-        assert store.insert_batch([request(i) for i in range(6)], ()) == 3
-        assert store.insert_batch([request(i) for i in range(6)], ()) == 0
+        assert _insert(store, [request(i) for i in range(6)]).inserted == 3
+        assert _insert(store, [request(i) for i in range(6)]).inserted == 0
         # And the next batch, with nothing stored before, is whole again.
-        assert store.insert_batch([request(i) for i in range(6, 8)], ()) == 2
+        assert _insert(store, [request(i) for i in range(6, 8)]).inserted == 2
     finally:
         store.close()
     assert [row[0] for row in _stored(store_url)] == list(range(8))
@@ -100,9 +117,9 @@ def test_a_failure_written_twice_by_its_consumer_is_stored_once(store_url: str) 
         # Same group, original coordinates and attempt: the same failure, two requests.
         first, again = _request(10, original_offset=7), _request(11, original_offset=7)
         other = _request(12, original_offset=8)
-        assert store.insert_batch([first, again, other], ()) == 2
-        later = dataclasses.replace(_request(13, original_offset=7), attempt=3)
-        assert store.insert_batch([later], ()) == 1, "the next attempt is a new request"
+        assert _insert(store, [first, again, other]).inserted == 2
+        later = _identified(_request(13, original_offset=7), attempt=3)
+        assert _insert(store, [later]).inserted == 1, "the next attempt is a new request"
     finally:
         store.close()
     assert [row[0] for row in _stored(store_url)] == [10, 12, 13]
@@ -120,7 +137,7 @@ def test_a_key_longer_than_an_index_page_is_stored_and_found_in_every_table(
     store = Store(store_url, keep_history=True)
     store.open()
     try:
-        assert store.insert_batch([delivered, dead], ()) == 2
+        assert _insert(store, [delivered, dead]).inserted == 2
         with store.claim_due(now_ms=now_ms(), limit=10) as claim:
             ids = {row.deadline_ms: row.id for row in claim.rows}
             claim.settle(
@@ -146,7 +163,7 @@ def test_a_delivered_retry_already_in_the_history_is_settled_keeping_the_first_c
     store = Store(store_url, keep_history=True)
     store.open()
     try:
-        assert store.insert_batch([dataclasses.replace(_request(0), due_ms=0)], ()) == 1
+        assert _insert(store, [dataclasses.replace(_request(0), due_ms=0)]).inserted == 1
         with store.claim_due(now_ms=now_ms(), limit=10) as claim:
             [row] = claim.rows
         with psycopg.connect(store_url, autocommit=True) as conn:  # the earlier copy

@@ -702,6 +702,18 @@ def test_request_id_differs_for_another_failure(change: dict[str, object]) -> No
     assert request_id(_request(**change)) != request_id(_request())
 
 
+def test_a_dead_letter_has_its_failures_id_and_a_release_its_own() -> None:
+    # One failure handed off as a retry before a crash and as a dead letter after it is
+    # one failure; the release of a retry is another message than that retry.
+    retry = _request()
+    assert request_id(replace(retry, send_to="dlq", reason="spent")) == request_id(retry)
+    release = replace(retry, order="release")
+    assert request_id(release) != request_id(retry)
+    assert request_id(release) == request_id(replace(release, retry_at=12_345))
+    behind = replace(retry, attempt=0, order="behind")
+    assert request_id(behind) not in (request_id(retry), request_id(release))
+
+
 def test_request_id_fields_do_not_run_together() -> None:
     # A group name that contains what a naive join would put between the fields.
     a = _request(group="a.b", original_topic="c")

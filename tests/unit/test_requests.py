@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from redrive.headers import RetryHeaders, encode
+from redrive.headers import RetryHeaders, encode, failure_id, request_id
 from redrive.reasons import DeadLetterReason as Reason
-from redrive.records import DeadLetterRecord, PendingRetry, Release, order_queue
-from redrive.requests import Incoming, IntakeRules, classify
+from redrive.records import (
+    DeadLetterRecord,
+    PendingRetry,
+    Release,
+    RequestCoordinates,
+    order_queue,
+)
+from redrive.requests import Incoming, IntakeRules, classify, identity
 
 pytestmark = pytest.mark.unit
 
@@ -177,9 +185,37 @@ def _ordered(order: str, attempt: int, **overrides: object) -> list[tuple[str, b
 
 def test_a_release_names_its_key_queue_and_head() -> None:
     result = classify(incoming(_ordered("release", 0), value=None), RULES, NOW)
+    released = failure_id("billing", "orders", 2, 41, 0, release=True)
     assert result == Release(
-        order_queue("billing", "orders", 2, b"k"), 41, 0, incoming([]).coordinates
+        order_queue("billing", "orders", 2, b"k"),
+        41,
+        0,
+        incoming([]).coordinates,
+        bytes.fromhex(released),
     )
+
+
+def test_a_request_is_identified_by_its_id_else_by_its_failure_else_where_it_was_read() -> None:
+    # What a repeat of it carries too, whoever repeats it.
+    here = RequestCoordinates("redrive.requests", 0, 5)
+    failure = RetryHeaders(
+        destination="orders",
+        retry_at=NOW,
+        attempt=2,
+        group="billing",
+        original_topic="orders",
+        original_partition=1,
+        original_offset=7,
+    )
+    named = dataclasses.replace(failure, id="ab" * 16)
+    assert identity(named, here) == bytes.fromhex("ab" * 16)
+    assert identity(failure, here) == bytes.fromhex(request_id(failure))
+    assert identity(failure, here) == identity(failure, here._replace(offset=6))
+    anonymous = RetryHeaders(destination="orders", retry_at=NOW)
+    assert (
+        identity(anonymous, here) == identity(None, here) != identity(None, here._replace(offset=6))
+    )
+    assert len(identity(None, here)) == len(identity(failure, here)) == 16
 
 
 def test_records_of_a_key_queue_keep_its_identity_and_a_tombstone_may_wait_behind() -> None:

@@ -198,7 +198,10 @@ def test_a_fatal_error_is_a_dead_letter_with_its_reason() -> None:
     assert headers.deadline == NOW + 5 and headers.group == GROUP
     assert headers.original_offset == 7  # where it was first consumed
     assert headers.error_type == "redrive.policy.FatalError"
-    assert headers.id is None  # never delivered: nothing to tell repeats apart from
+    # The failure's id: what a retry of it would carry, so a receiver keeps one of them.
+    retry = route(failed(attempt=2, delivery=redelivery(1)), ValueError("passing"))
+    assert isinstance(retry, Retried) and retry.request is not None
+    assert headers.id == retry.request.id == request_id(headers)
 
 
 def test_a_spent_policy_is_a_dead_letter() -> None:

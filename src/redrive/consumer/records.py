@@ -316,6 +316,7 @@ class Records:
             original_offset=offset,
             order="release",
         )
+        release = dataclasses.replace(release, id=request_id(release))
         self.publisher.send(
             self.requests_topic, key=key, value=None, user_headers=[], redrive=release
         )

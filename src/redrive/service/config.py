@@ -171,6 +171,13 @@ class ServiceSettings(BaseSettings):
         le=3650,
         description="How long delivered retries are kept, for a record's story (0: none kept).",
     )
+    repeat_window_days: float = Field(
+        7.0,
+        gt=0,
+        le=3650,
+        description="How long the identity of an accepted request is remembered after its "
+        "due time, so that its sender writing it again is dropped as a repeat.",
+    )
 
     @model_validator(mode="after")
     def _ingest_apart(self) -> ServiceSettings:

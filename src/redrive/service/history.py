@@ -1,4 +1,6 @@
-"""Pruning the history of delivered retries past `history_retention_days`.
+"""Pruning what the service keeps for a while: the history of delivered retries past
+`history_retention_days`, the identities of accepted requests past
+`repeat_window_days`.
 
 Runs where the scheduler runs. Deletes go a bounded batch at a time, each in its own
 short transaction, so that pruning a large backlog (after the retention was
@@ -9,10 +11,12 @@ share the work.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Final
 
 import structlog
 
+from redrive.clock import now_ms
 from redrive.service.store import Store, StoreUnavailable
 
 log = structlog.get_logger("redrive.service.history")
@@ -21,27 +25,30 @@ EVERY_S: Final = 60.0
 BATCH: Final = 5_000
 
 
-class HistoryPruner:
+class Pruner:
+    """Calls ``prune(limit)`` (how many it deleted) until a call deletes fewer than
+    ``batch``, every ``every_s``."""
+
     def __init__(
         self,
-        store: Store,
-        retention_s: float,
+        what: str,
+        prune: Callable[[int], int],
         stop_event: threading.Event,
         *,
         every_s: float = EVERY_S,
         batch: int = BATCH,
     ) -> None:
-        self._store = store
-        self._retention_s = retention_s
+        self._what = what
+        self._prune = prune
         self._stop = stop_event
         self._every_s = every_s
         self._batch = batch
 
     def prune(self) -> int:
-        """Delete everything past retention, a batch at a time; how many went."""
+        """Delete everything due for it, a batch at a time; how many went."""
         total = 0
         while not self._stop.is_set():
-            deleted = self._store.prune_history(older_than_s=self._retention_s, limit=self._batch)
+            deleted = self._prune(self._batch)
             total += deleted
             if deleted < self._batch:
                 break
@@ -51,7 +58,30 @@ class HistoryPruner:
         while not self._stop.is_set():
             try:
                 if deleted := self.prune():
-                    log.info("history pruned", deleted=deleted, retention_s=self._retention_s)
+                    log.info("pruned", what=self._what, deleted=deleted)
             except StoreUnavailable as exc:
-                log.warning("history: store unavailable; pruning later", error=str(exc))
+                log.warning("store unavailable; pruning later", what=self._what, error=str(exc))
             self._stop.wait(self._every_s)
+
+
+def history_pruner(
+    store: Store, retention_s: float, stop_event: threading.Event, *, batch: int = BATCH
+) -> Pruner:
+    """Delivered retries, once delivered over ``retention_s`` ago."""
+    return Pruner(
+        "history",
+        lambda limit: store.prune_history(older_than_s=retention_s, limit=limit),
+        stop_event,
+        batch=batch,
+    )
+
+
+def identity_pruner(
+    store: Store, window_s: float, stop_event: threading.Event, *, batch: int = BATCH
+) -> Pruner:
+    """Identities of accepted requests, ``window_s`` after their due time."""
+
+    def prune(limit: int) -> int:
+        return store.prune_accepted(before_ms=now_ms() - int(window_s * 1000), limit=limit)
+
+    return Pruner("accepted identities", prune, stop_event, batch=batch)

@@ -5,8 +5,11 @@ with its reason), inserts the whole batch in one idempotent transaction, and onl
 then commits the batch's offsets. The insert of one batch runs on a writer thread
 while the loop reads and classifies the next (the database round trips overlap the
 Python work); batches are stored and committed strictly in order. A crash anywhere
-before the commit means the batch is read again, and the unique index on request
-coordinates makes the re-insert a no-op: nothing is lost and nothing is stored twice.
+before the commit means the batch is read again, and its requests' identities,
+accepted with them, make the re-insert drop them as repeats: nothing is lost and
+nothing is stored twice. So is a request its sender wrote again (a consumer or a Spark
+batch repeating itself after a crash), whenever it comes back within the identities'
+window (``repeat_window_days``).
 
 When PostgreSQL is down (or the broker cannot tell whether a destination exists),
 intake keeps the batch, pauses its partitions and keeps polling (so it stays in its
@@ -43,7 +46,7 @@ from redrive.schedules import backoff_delay
 from redrive.service.config import ServiceSettings
 from redrive.service.ingest_formats import ingest
 from redrive.service.metrics import ServiceMetrics
-from redrive.service.store import Store, StoreUnavailable
+from redrive.service.store import Store, Stored, StoreUnavailable
 from redrive.topic_admin import MetadataUnavailable
 
 log = structlog.get_logger("redrive.intake")
@@ -57,6 +60,15 @@ REVOKE_WAIT_S = 10.0
 def _ingested(letter: DeadLetterRecord) -> bool:
     """Read from a dead-letter topic intake ingests, not refused as a request."""
     return letter.source.startswith("ingest:")
+
+
+def repeat_stage(record: PendingRetry | DeadLetterRecord | Release) -> str:
+    """What a dropped repeat was, for its metric's label and its log line."""
+    if isinstance(record, Release):
+        return "release"
+    if isinstance(record, DeadLetterRecord):
+        return "dead_letter"
+    return "behind" if record.order == "behind" else "retry"
 
 
 def _names(partitions: list[TopicPartition]) -> list[str]:
@@ -129,7 +141,7 @@ class Intake:
         self.healthy = True
         self._uncommitted: dict[tuple[str, int], int] = {}
         # The batch whose insert runs on the writer thread, until it is finished.
-        self._in_flight: tuple[_Batch, Future[int]] | None = None
+        self._in_flight: tuple[_Batch, Future[Stored]] | None = None
 
     def run(self) -> None:
         """Consume until `stop` is set; then close the consumer (leaving the group)."""
@@ -228,28 +240,41 @@ class Intake:
             return None
         return _Batch(incoming, *classified)
 
-    def _insert(self, batch: _Batch) -> int:
+    def _insert(self, batch: _Batch) -> Stored:
         """On the writer thread: store the batch, then wake the scheduler if it is due."""
-        inserted = self.store.insert_batch(batch.pending, batch.dead, batch.releases)
+        stored = self.store.insert_batch(batch.pending, batch.dead, batch.releases, now_ms=now_ms())
         if batch.pending:
             self.on_scheduled(min(p.due_ms for p in batch.pending))
         if batch.releases:  # the next of a released key's queue is due now
             self.on_scheduled(now_ms())
-        return inserted
+        return stored
 
-    def _finish(self, batch: _Batch, stored: Future[int]) -> bool:
+    def _finish(self, batch: _Batch, insert: Future[Stored]) -> bool:
         """Once the batch's insert ended: retry it while the store is down, then commit.
         False if stopped before the batch was stored."""
         try:
-            stored.result()
-            self._stored(batch)
+            stored = insert.result()
         except StoreUnavailable as exc:
             self._store_failed(exc, batch, attempt=1)
-            if not self._store_waiting(batch):
+            waited = self._store_waiting(batch)
+            if waited is None:
                 return False  # stopping before the batch was stored: it will be read again
-        self._mirror(batch.dead)
+            stored = waited
+        self._stored(batch, stored)
+        repeats = {id(record) for record in stored.repeats}
+        dead = [letter for letter in batch.dead if id(letter) not in repeats]
+        self._mirror(dead)
         self._commit(batch.incoming)
-        for letter in batch.dead:
+        for repeat in stored.repeats:
+            log.info(
+                "repeat dropped: its request was accepted before",
+                topic=repeat.request.topic if repeat.request else None,
+                partition=repeat.request.partition if repeat.request else None,
+                offset=repeat.request.offset if repeat.request else None,
+                stage=repeat_stage(repeat),
+                identity=repeat.identity.hex() if repeat.identity else None,
+            )
+        for letter in dead:
             assert letter.request is not None
             # A consumer's own dead letter is business as usual, and so is one ingested
             # from a dead-letter topic; anything else was refused.
@@ -298,10 +323,15 @@ class Intake:
                 if not self._pause_for(attempt):
                     return None
 
-    def _stored(self, batch: _Batch) -> None:
+    def _stored(self, batch: _Batch, stored: Stored) -> None:
         self.healthy = True
-        self.metrics.scheduled.inc(len(batch.pending))
+        self.metrics.scheduled.inc(stored.inserted)
+        repeats = {id(record) for record in stored.repeats}
+        for repeat in stored.repeats:
+            self.metrics.repeats.labels(repeat_stage(repeat)).inc()
         for letter in batch.dead:
+            if id(letter) in repeats:
+                continue
             if _ingested(letter):
                 self.metrics.ingested.labels(letter.source.removeprefix("ingest:")).inc()
             else:
@@ -318,22 +348,21 @@ class Intake:
             attempt=attempt,
         )
 
-    def _store_waiting(self, batch: _Batch) -> bool:
+    def _store_waiting(self, batch: _Batch) -> Stored | None:
         """Insert a batch whose first insert failed; while PostgreSQL is down, wait paused.
-        False if stopped first."""
+        None if stopped first."""
         attempt = 1
         while True:
             if not self._pause_for(attempt):
-                return False
+                return None
             try:
-                self._insert(batch)
+                stored = self._insert(batch)
             except StoreUnavailable as exc:
                 attempt += 1
                 self._store_failed(exc, batch, attempt)
                 continue
             log.info("store reachable again; intake resumes", after_attempts=attempt)
-            self._stored(batch)
-            return True
+            return stored
 
     def _pause_for(self, attempt: int) -> bool:
         """Back off (0.2 s doubling to the configured maximum) without reading more

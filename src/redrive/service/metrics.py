@@ -175,6 +175,14 @@ class ServiceMetrics:
             ["format"],
             registry=r,
         )
+        self.repeats = Counter(
+            "redrive_requests_repeated",
+            "Requests dropped because their identity was accepted before (a sender "
+            "repeating itself after a crash), by what they were: retry, behind, release, "
+            "dead_letter.",
+            ["stage"],
+            registry=r,
+        )
         self.scheduled = Counter(
             "redrive_requests_scheduled", "Requests stored as pending retries.", registry=r
         )

@@ -9,6 +9,7 @@ once. Migrations only move forward; a database newer than this code is refused.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,9 +43,19 @@ def available() -> list[Migration]:
     return found
 
 
-def migrate(conn: psycopg.Connection[Any], *, up_to: int | None = None) -> list[str]:
+Step = Callable[[psycopg.Connection[Any]], None]
+
+
+def migrate(
+    conn: psycopg.Connection[Any],
+    *,
+    up_to: int | None = None,
+    after: Mapping[int, Step] | None = None,
+) -> list[str]:
     """Apply the migrations this database lacks (those numbered up to `up_to` only, if
-    given: upgrade tests start from an older schema); returns the names applied."""
+    given: upgrade tests start from an older schema); returns the names applied.
+    ``after`` holds what a migration needs done in Python (filling a new column from
+    data SQL cannot compute), run in that migration's transaction."""
     applied: list[str] = []
     with conn.transaction():
         conn.execute(
@@ -69,6 +80,8 @@ def migrate(conn: psycopg.Connection[Any], *, up_to: int | None = None) -> list[
             if migration.version <= current or (up_to is not None and migration.version > up_to):
                 continue
             conn.execute(migration.sql.encode())
+            if after is not None and migration.version in after:
+                after[migration.version](conn)
             conn.execute(
                 "INSERT INTO redrive_schema_migrations (version, name) VALUES (%s, %s)",
                 (migration.version, migration.name),

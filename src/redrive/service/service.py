@@ -33,7 +33,7 @@ from redrive.ports import listener_of, port_in_use
 from redrive.requests import IntakeRules
 from redrive.service.auth import Tokens
 from redrive.service.config import ServiceSettings
-from redrive.service.history import HistoryPruner
+from redrive.service.history import history_pruner, identity_pruner
 from redrive.service.intake import Intake
 from redrive.service.metrics import ServiceMetrics
 from redrive.service.notify import listen
@@ -171,10 +171,12 @@ class RetryService:
             )
             self._spawn("replay-jobs", self.replay_jobs.run)
             if s.history_retention_days > 0:
-                pruner = HistoryPruner(
+                history = history_pruner(
                     self.store, s.history_retention_days * 86_400, self.stop_event
                 )
-                self._spawn("history", pruner.run)
+                self._spawn("history", history.run)
+            identities = identity_pruner(self.store, s.repeat_window_days * 86_400, self.stop_event)
+            self._spawn("identities", identities.run)
         if "intake" in s.roles:
             rules = IntakeRules(
                 # Settings are fixed for the process: each destination is matched once.

@@ -3,7 +3,9 @@
 All SQL of the service is in this package, one module per idea; :class:`Store` is
 its one door. Callers get typed methods, never a connection:
 
-- :mod:`.intake_writes`: intake's batches of pending retries and dead letters;
+- :mod:`.intake_writes`: intake's batches of pending retries and dead letters, and
+  the identities of the requests accepted (:mod:`.identity_backfill` fills them in
+  for rows stored before they were kept);
 - :mod:`.claims`: the scheduler's claims of due rows and what became of them;
 - :mod:`.key_queues`: the retries of one key delivered one at a time, in order;
 - :mod:`.dead_letters`, :mod:`.pending`: what operators browse, delete and retry;
@@ -36,6 +38,7 @@ from redrive.service.store import (
     claims,
     dead_letters,
     history,
+    identity_backfill,
     intake_writes,
     pending,
     stats,
@@ -43,6 +46,7 @@ from redrive.service.store import (
 )
 from redrive.service.store.audit import AuditEntry
 from redrive.service.store.claims import Claim, ClaimedRetry, DeadRow, Settlement
+from redrive.service.store.intake_writes import Stored
 from redrive.service.store.pending import MadeDue
 from redrive.service.store.replay_jobs import JobOverlap, Placed, ReplayJobStore
 from redrive.service.store.rows import Condition, Row
@@ -63,6 +67,7 @@ __all__ = [
     "Settlement",
     "Store",
     "StoreUnavailable",
+    "Stored",
 ]
 
 
@@ -122,7 +127,7 @@ class Store:
         """Open the pools, waiting for the database; then bring the schema up to date."""
         self.pool.open(wait=True, timeout=wait_s)
         with self._conn() as conn:
-            migrate(conn)
+            migrate(conn, after=identity_backfill.AFTER)
         self.relaxed.open(wait=True, timeout=wait_s)
 
     def close(self) -> None:
@@ -152,15 +157,21 @@ class Store:
         pending: Sequence[PendingRetry],
         dead: Sequence[DeadLetterRecord],
         releases: Sequence[Release] = (),
-    ) -> int:
-        """Insert a batch durably in one transaction; a redelivered request is skipped.
-        ``releases`` let the next of their key queues go (:mod:`.key_queues`).
-
-        Returns how many pending rows were new. Schedulers listening on NOTIFY_CHANNEL
-        learn the batch's earliest due time when the transaction commits.
+        *,
+        now_ms: int,
+    ) -> Stored:
+        """Insert a batch durably in one transaction, without its repeats (requests
+        accepted before: :mod:`.intake_writes`). ``releases`` let the next of their key
+        queues go (:mod:`.key_queues`). Schedulers listening on NOTIFY_CHANNEL learn the
+        batch's earliest due time when the transaction commits.
         """
         with self._conn() as conn:
-            return intake_writes.insert_batch(conn, pending, dead, releases)
+            return intake_writes.insert_batch(conn, pending, dead, releases, now_ms=now_ms)
+
+    def prune_accepted(self, *, before_ms: int, limit: int) -> int:
+        """Forget up to `limit` accepted identities whose window started before then."""
+        with self._conn(relaxed=True) as conn:
+            return intake_writes.prune_accepted(conn, before_ms=before_ms, limit=limit)
 
     # ------------------------------------------------------------------ scheduler
 

@@ -1,15 +1,24 @@
 """Intake's writes: a batch of pending retries and dead letters, stored in one go.
 
-A batch is stored in one durable transaction, idempotently: a request read again
-after a crash, or a failure its consumer wrote twice, is caught by a unique index
-and skipped, so intake may always insert a batch again until it commits the batch's
-offsets. Schedulers listening on :data:`NOTIFY_CHANNEL` learn the batch's earliest
-due time when the transaction commits.
+A batch is stored in one durable transaction, idempotently: each request's identity
+(:func:`redrive.requests.identity`) goes into ``redrive_accepted`` with it, and a
+request whose identity is there already is a repeat, dropped whatever became of its
+first copy (pending, delivered, a dead letter, a release done): intake reading again
+what it had not committed, a consumer handing a failure off again after a crash, a
+Spark batch run again. Intake may always insert a batch again until it commits the
+batch's offsets. Schedulers listening on :data:`NOTIFY_CHANNEL` learn the batch's
+earliest due time when the transaction commits.
+
+Invariant: a request is stored (as a pending row, a dead letter or a release) in the
+transaction that records its identity, and never when its identity was recorded
+before; an identity is kept ``repeat_window_days`` past the later of its acceptance and
+its due time (:func:`prune_accepted`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
@@ -35,19 +44,26 @@ _PENDING_TYPES = [  # the types of _PENDING_COLUMNS, in order
     "int8", "text", "int4", "bytea", "bytea", "bytea", "int4", "text", "int8",
     "text", "int4", "int8", "text", "int4", "int8", "bytea", "bool",
 ]  # fmt: skip
-# When a row of the batch is already stored (a request read again after a crash, a
-# failure its consumer wrote twice), that copy fails on a unique index; the batch then
-# goes through a session-local staging table, from which one statement moves the rows
-# that are new (twice PostgreSQL's work per row, so only then).
-_STAGE_PENDING = """
-CREATE TEMP TABLE IF NOT EXISTS redrive_intake_stage
-    (LIKE redrive_pending INCLUDING DEFAULTS) ON COMMIT DELETE ROWS
+# Identities are copied in as the rows are. When one is there already (a repeat), that
+# copy fails on the primary key; the batch's identities then go through a
+# session-local staging table, from which one statement adds those that are new and
+# returns them (repeats are rare: only then the second round trip).
+_COPY_ACCEPTED = "COPY redrive_accepted (identity, keep_from_ms) FROM STDIN (FORMAT BINARY)"
+_ACCEPTED_TYPES = ["bytea", "int8"]
+_STAGE_ACCEPTED = """
+CREATE TEMP TABLE IF NOT EXISTS redrive_accepted_stage
+    (LIKE redrive_accepted) ON COMMIT DELETE ROWS
 """
-_COPY_STAGED = _COPY_PENDING.replace("redrive_pending", "redrive_intake_stage", 1)
-_INSERT_STAGED = f"""
-INSERT INTO redrive_pending ({_PENDING_COLUMNS})
-SELECT {_PENDING_COLUMNS} FROM redrive_intake_stage
+_COPY_STAGED = _COPY_ACCEPTED.replace("redrive_accepted", "redrive_accepted_stage", 1)
+_INSERT_STAGED = """
+INSERT INTO redrive_accepted (identity, keep_from_ms)
+SELECT identity, keep_from_ms FROM redrive_accepted_stage
 ON CONFLICT DO NOTHING
+RETURNING identity
+"""
+_PRUNE_ACCEPTED = """
+DELETE FROM redrive_accepted WHERE identity IN (
+    SELECT identity FROM redrive_accepted WHERE keep_from_ms < %s LIMIT %s)
 """
 
 _INSERT_DEAD = """
@@ -108,27 +124,59 @@ def _dead_params(row: DeadLetterRecord) -> tuple[Any, ...]:
     )
 
 
-def _copy(cur: psycopg.Cursor[Any], statement: str, rows: Sequence[tuple[Any, ...]]) -> None:
+Accepted = PendingRetry | DeadLetterRecord | Release
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """What became of a batch: how many pending rows it added, and the repeats it dropped
+    (requests whose identity was accepted before, or earlier in the batch)."""
+
+    inserted: int
+    repeats: list[Accepted] = field(default_factory=list)
+
+
+def _copy(
+    cur: psycopg.Cursor[Any],
+    statement: str,
+    types: list[str],
+    rows: Sequence[tuple[Any, ...]],
+) -> None:
     with cur.copy(statement) as copy:
-        copy.set_types(_PENDING_TYPES)
+        copy.set_types(types)
         for row in rows:
             copy.write_row(row)
 
 
-def _insert_pending(conn: psycopg.Connection[Any], rows: Sequence[tuple[Any, ...]]) -> int:
-    """Store pending rows (`_pending_params`) in the open transaction, skipping those
-    already stored; returns how many were new."""
+def _accept(
+    conn: psycopg.Connection[Any], identities: Sequence[tuple[bytes, int]]
+) -> set[bytes] | None:
+    """Record the batch's identities (with when each one's window starts) in the open
+    transaction: None when all were new, else the set of those that were."""
     try:
         with conn.transaction(), conn.cursor() as cur:  # a savepoint: undone on failure
-            _copy(cur, _COPY_PENDING, rows)
-        return len(rows)
+            _copy(cur, _COPY_ACCEPTED, _ACCEPTED_TYPES, identities)
+        return None
     except psycopg.errors.UniqueViolation:
         pass
+    first = dict(reversed(identities))  # each identity once (a repeat inside the batch)
     with conn.cursor() as cur:
-        cur.execute(_STAGE_PENDING)
-        _copy(cur, _COPY_STAGED, rows)
+        cur.execute(_STAGE_ACCEPTED)
+        _copy(cur, _COPY_STAGED, _ACCEPTED_TYPES, list(first.items()))
         cur.execute(_INSERT_STAGED)
-        return max(cur.rowcount, 0)
+        return {row[0] for row in cur.fetchall()}
+
+
+def _new_only(records: Sequence[Accepted], new: set[bytes], repeats: list[Accepted]) -> list[Any]:
+    """The records whose identity is new, each once; the others go to ``repeats``."""
+    kept = []
+    for record in records:
+        if record.identity in new:
+            new.discard(record.identity)  # a second copy in the batch is a repeat
+            kept.append(record)
+        else:
+            repeats.append(record)
+    return kept
 
 
 def insert_batch(
@@ -136,13 +184,26 @@ def insert_batch(
     pending: Sequence[PendingRetry],
     dead: Sequence[DeadLetterRecord],
     releases: Sequence[Release] = (),
-) -> int:
-    """Store a batch in one transaction, counted; returns how many pending rows were new.
-    Key queues the batch touched (ordered retries, releases) let their heads go."""
-    inserted = 0
+    *,
+    now_ms: int,
+) -> Stored:
+    """Store a batch in one transaction, counted, without its repeats. Key queues the
+    batch touched (ordered retries, releases) let their heads go."""
+    repeats: list[Accepted] = []
     with conn.transaction(), conn.cursor() as cur:
+        letters = [r for r in dead if r.identity is not None]  # not ingested ones
+        identities = [(r.identity, max(now_ms, r.due_ms)) for r in pending]
+        identities += [(r.identity, now_ms) for r in releases]
+        identities += [(r.identity, now_ms) for r in letters if r.identity is not None]
+        new = _accept(conn, identities) if identities else None
+        if new is not None:
+            pending = _new_only(pending, new, repeats)
+            releases = _new_only(releases, new, repeats)
+            ingested = [r for r in dead if r.identity is None]
+            dead = [*_new_only(letters, new, repeats), *ingested]
         if pending:
-            inserted = _insert_pending(conn, [_pending_params(row) for row in pending])
+            with conn.cursor() as copying:
+                _copy(copying, _COPY_PENDING, _PENDING_TYPES, [_pending_params(r) for r in pending])
             notify_due(conn, min(r.due_ms for r in pending))
         queues = [q for q in (r.order_queue for r in pending) if q is not None]
         key_queues.supersede(conn, queues)
@@ -154,4 +215,9 @@ def insert_batch(
         counts += [("dead_lettered", t, n) for t, n in per_topic([r.topic for r in dead])]
         if counts:
             cur.executemany(COUNT_MINUTE, counts)
-    return inserted
+    return Stored(len(pending), repeats)
+
+
+def prune_accepted(conn: psycopg.Connection[Any], *, before_ms: int, limit: int) -> int:
+    """Forget up to ``limit`` identities whose window started before ``before_ms``."""
+    return conn.execute(_PRUNE_ACCEPTED, (before_ms, limit)).rowcount
