@@ -176,6 +176,7 @@ def classify(
             f"redrive-partition {request.partition} does not exist: "
             f"{request.destination!r} has {partitions} partition(s)",
         )
+    where = msg.coordinates
     return PendingRetry(
         due_ms=request.retry_at,
         destination=request.destination,
@@ -189,8 +190,8 @@ def classify(
         original_topic=request.original_topic,
         original_partition=request.original_partition,
         original_offset=request.original_offset,
-        request=msg.coordinates,
-        identity=identity(request, msg.coordinates),
+        request=where,
+        identity=bytes.fromhex(request.id) if request.id else identity(request, where),
         order=request.order,
     )
 

@@ -5,8 +5,10 @@
         [--instance-id I] [--ordering key]
 
 One handler on topic T with strategy S (blocking, pause, topics, service), with
-`ordering="key"` if `--ordering key` is given (strategy service only). What the
-handler does with a record is said by the end of its value:
+`ordering="key"` if `--ordering key` is given (strategy service only), an `async def`
+handler with `--async` (it awaits 0 to 20 ms first, so that records of different
+keys end out of order). What the handler does with a record is said by the end of its
+value:
 
 - `:f<N>`: it fails its first N attempts (a retryable error), then succeeds; with N
   beyond the policy's retries (e.g. `:f9` under `200ms x3`) it never succeeds, and
@@ -33,8 +35,10 @@ SIGTERM stops the app cleanly (it commits what it dealt with and exits 0).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
+import random
 import sys
 import time
 
@@ -89,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--dead-letters", choices=["topic", "service"], default=None, help="where dead letters go"
     )
+    parser.add_argument("--async", dest="use_async", action="store_true", help="async handler")
     args = parser.parse_args(argv)
 
     configure("json")
@@ -129,6 +134,10 @@ def main(argv: list[str] | None = None) -> int:
             raise Flaky(f"injected failure {message.attempt} of {value}")
         record("ok", message, value)
 
+    async def handle_async(message: Message) -> None:
+        await asyncio.sleep(random.uniform(0, 0.02))
+        handle(message)
+
     app = App(
         args.bootstrap,
         group=args.group,
@@ -142,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     app.add_handler(
         args.topic,
-        handle,
+        handle_async if args.use_async else handle,
         policy=args.policy,
         strategy=args.strategy,
         fatal_on=Fatal,

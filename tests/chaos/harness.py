@@ -235,6 +235,7 @@ class AppProcess(ChildProcess):
     transactional: bool = False
     ordering: str | None = None
     dead_letters: str | None = None
+    async_handler: bool = False
     runs: int = 0
     proc: subprocess.Popen[bytes] | None = None
     pids: list[int] = field(default_factory=list)
@@ -271,6 +272,7 @@ class AppProcess(ChildProcess):
                 *(["--transactional"] if self.transactional else []),
                 *(["--ordering", self.ordering] if self.ordering else []),
                 *(["--dead-letters", self.dead_letters] if self.dead_letters else []),
+                *(["--async"] if self.async_handler else []),
             ],
             env=env,
             stdout=log,

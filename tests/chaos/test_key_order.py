@@ -49,6 +49,7 @@ import psycopg
 import pytest
 from confluent_kafka import Producer
 
+from tests.chaos.hand_offs import committed_hand_offs, repeated
 from tests.chaos.harness import (
     FAST_GROUP,
     MODE,
@@ -378,9 +379,16 @@ def in_flight(events: list[dict[str, Any]], plan: Plan) -> int:
 # ---------------------------------------------------------------------- the test
 
 
-@pytest.mark.parametrize("strategy", ["service", "topics"])
+@pytest.mark.parametrize(
+    ("strategy", "handlers"), [("service", "sync"), ("service", "async"), ("topics", "sync")]
+)
 def test_key_order_holds_through_retries_app_kills_and_a_service_restart(
-    strategy: str, bootstrap: str, database_url: str, new_topic: Callable[..., str], tmp_path: Path
+    strategy: str,
+    handlers: str,
+    bootstrap: str,
+    database_url: str,
+    new_topic: Callable[..., str],
+    tmp_path: Path,
 ) -> None:
     rng = rng_for(CASE)
     plan = plan_records(rng_for(CASE + "/records"))
@@ -403,6 +411,7 @@ def test_key_order_holds_through_retries_app_kills_and_a_service_restart(
         transactional=True,
         ordering="key",
         dead_letters="service",
+        async_handler=handlers == "async",
     )
     app.start()
     # Produced from the start, the first records would wait for the app's start-up.
@@ -453,6 +462,10 @@ def test_key_order_holds_through_retries_app_kills_and_a_service_restart(
         bursts.join(1)
         app_code = app.terminate()
         service_code = service.terminate()
+    # Each hand-off committed once (a crash between a hand-off and its commit must not
+    # make it twice): what the service's intake, reading read_committed, was given.
+    handed_off = committed_hand_offs(bootstrap, settings.requests_topic)
+    twice = repeated(handed_off)
     events = app.events()
     behind = app.held_behind()
     outcome = read_outcome(events)
@@ -473,11 +486,13 @@ def test_key_order_holds_through_retries_app_kills_and_a_service_restart(
     result = Tally(total, received, len(missing), duplicates, [repr(m).encode() for m in missing])
     gaps = sorted(dead)
     report(
-        f"{CASE}, {strategy}",
+        f"{CASE}, {strategy}, {handlers} handlers",
         result,
         "; ".join(faults) + f"; {outcome.failed_calls} of {outcome.calls} handler calls failed "
         f"({outcome.failed_calls / max(outcome.calls, 1):.1%}); "
         f"{behind} records sent behind their key's retry; "
+        f"hand-offs {dict(Counter(kind for kind, _ in handed_off.elements()))}, "
+        f"twice {twice}; "
         f"{len(gaps)} dead-letter gaps in {len({k for k, _ in gaps})} keys; "
         f"order violations {len(violations)}; "
         f"clean keys {len(plan.clean_keys)} ({clean_records} records): "
@@ -496,6 +511,7 @@ def test_key_order_holds_through_retries_app_kills_and_a_service_restart(
     assert not unexpected_dead, f"records dead-lettered that should not be: {unexpected_dead[:10]}"
     assert dead.keys() == plan.dead, "a record that should be a dead letter is not"
     assert not dead_twice, f"dead letters stored twice: {dead_twice[:10]}"
+    assert twice == {}, f"hand-offs committed twice (or without a redrive-id): {twice}"
     assert not handled_dead, f"records that always fail were handled: {handled_dead[:10]}"
     assert drained, f"{pending_count(db)} rows left in the service's store"
     assert app.early() == 0, "a retry was handled before it was due"

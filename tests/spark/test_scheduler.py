@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from redrive.deadlines import Deadline
-from redrive.headers import DEAD_LETTER_REASON, Header, RetryHeaders, encode
+from redrive.headers import DEAD_LETTER_REASON, Header, RetryHeaders, encode, request_id
+from redrive.spark.repeats import OBSERVATION, REPEATS_DROPPED
 from redrive.spark.scheduler import build_scheduler_query
 from redrive.spark.session import spark_session
 from tests.integration.service_harness import now_ms, produce, request_headers
@@ -88,7 +89,7 @@ def scheduler(
     spark: Any, bootstrap: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Scheduler]:
     requests, dlq = unique("requests"), unique("dlq")
-    destinations = [unique("ok-dest"), unique("ok-dest"), unique("ok-dest")]
+    destinations = [unique("ok-dest") for _ in range(4)]
     create_topics(bootstrap, requests, *destinations, partitions=2)
     create_topics(bootstrap, dlq)
     small, compacted = unique("ok-small"), unique("ok-compacted")
@@ -409,3 +410,60 @@ def test_pending_requests_survive_a_restart(spark: Any, bootstrap: str, tmp_path
     for message in got:
         index = int(message.key[1:]) if message.key else -1
         assert message.timestamp_ms >= due + index * 100
+
+
+def repeats_dropped(query: Any) -> int:
+    """The repeats the query dropped so far (its observed metric, batch by batch)."""
+    total = 0
+    for progress in query.recentProgress:
+        row = progress.observedMetrics.get(OBSERVATION)
+        if row is not None:
+            total += int(row[REPEATS_DROPPED])
+    return total
+
+
+def test_a_request_sent_again_after_delivery_or_as_a_dead_letter_is_dropped_and_counted(
+    scheduler: Scheduler,
+) -> None:
+    """A sender repeating itself long after the first copy left: the delivered retry is
+    not delivered again, the dead letter not written again; with a key and without one
+    (which goes to the bucket of its redrive-id, where its first copy was)."""
+    destination = scheduler.destinations[3]
+    reader = TopicReader(scheduler.bootstrap, [destination, scheduler.dlq_topic])
+    failure = {"group": "g", "original_topic": "orders", "original_partition": 0}
+
+    def request(offset: int, to: str = destination) -> list[Header]:
+        fields = {**failure, "original_offset": offset, "attempt": 1}
+        identity = request_id(RetryHeaders(destination=to, retry_at=0, **fields))  # type: ignore[arg-type]
+        return request_headers(to, now_ms(), **fields, id=identity)
+
+    refused = "not-allowed-" + unique("dest")  # a dead letter: not in the allowlist
+    records = [
+        {"key": b"keyed", "value": b"keyed", "headers": request(1)},
+        {"key": None, "value": b"keyless", "headers": request(2)},
+        {"key": b"refused", "value": b"refused", "headers": request(3, to=refused)},
+    ]
+    before = repeats_dropped(scheduler.query)
+    try:
+        produce(scheduler.bootstrap, scheduler.requests_topic, records)
+        assert len(reader.wait_for(2, timeout_s=120, topic=destination)) == 2
+        ours = [m for m in reader.of(scheduler.dlq_topic) if m.value == b"refused"]
+        deadline = Deadline(60)
+        while not ours and not deadline.passed():
+            reader.poll(0.5)
+            ours = [m for m in reader.of(scheduler.dlq_topic) if m.value == b"refused"]
+        assert len(ours) == 1
+        read = requests_read(scheduler.query)
+        produce(scheduler.bootstrap, scheduler.requests_topic, records)  # again, later
+        wait_for_requests(scheduler.query, read + len(records))
+        deadline = Deadline(60)
+        while repeats_dropped(scheduler.query) - before < len(records) and not deadline.passed():
+            time.sleep(0.2)
+        reader.poll(1)
+    finally:
+        reader.close()
+    assert repeats_dropped(scheduler.query) - before == len(records)
+    assert sorted(m.value for m in reader.of(destination)) == [b"keyed", b"keyless"]
+    assert [m.value for m in reader.of(scheduler.dlq_topic) if m.value == b"refused"] == [
+        b"refused"
+    ]

@@ -107,4 +107,7 @@ def test_matches_a_plain_model(data: st.DataObject) -> None:
                     break
                 prefix = offset
             assert marked.get(part, -1) == prefix, (part, state[part], marked)
+            # What a commit at that position names as done beyond it.
+            beyond = [o for o in sorted(state[part]) if o > prefix and state[part][o] == "done"]
+            assert book.done_beyond(part) == beyond
         assert book.count == sum(s == "open" for m in state.values() for s in m.values())

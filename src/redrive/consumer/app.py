@@ -566,7 +566,10 @@ class App:
         self._held.load(self._client_config, assigned)  # as the transaction left them
         self._lines.load(self._client_config, assigned)
         wanted = [TopicPartition(t, p) for t, p in sorted(assigned)]
-        for tp in self._consumer.committed(wanted, timeout=30) if wanted else []:
+        committed = self._consumer.committed(wanted, timeout=30) if wanted else []
+        if self._async is not None:
+            self._async.resume(committed)
+        for tp in committed:
             # No committed offset yet: from where auto.offset.reset says.
             offset = tp.offset if tp.offset >= 0 else self._reset_offset()
             self._consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
@@ -590,6 +593,8 @@ class App:
         # Before any record of theirs: which keys of ordered routes wait for a retry.
         self._held.load(self._client_config, new)
         self._lines.load(self._client_config, new)
+        if self._async is not None:  # what the last commit says is done beyond it
+            self._async.resume(consumer.committed(partitions, timeout=30))
         log.info(
             "partitions assigned", partitions=[f"{p.topic}[{p.partition}]" for p in partitions]
         )
@@ -626,7 +631,7 @@ class App:
         if self._batches is not None:
             self._batches.forget(partitions)
         if self._async is not None:
-            self._async.in_flight.forget(partitions)
+            self._async.forget(partitions)
 
     def _shutdown(self) -> None:
         consumer = self._consumer

@@ -51,6 +51,7 @@ import structlog
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka import Message as KafkaMessage
 
+from redrive.consumer import done_ahead
 from redrive.consumer.in_flight import InFlight
 from redrive.consumer.message import Message
 from redrive.consumer.offsets import OffsetTracker, Partition
@@ -117,6 +118,10 @@ class AsyncRecords:
         self._wake = asyncio.Event()
         self._wake_below = 1
         self._fatal: BaseException | None = None
+        self._done_before: dict[Partition, frozenset[int]] = {}
+        """Per partition: records beyond its committed position that the commit named as
+        dealt with (:mod:`redrive.consumer.done_ahead`), skipped when read again."""
+        offsets.done_beyond = self.in_flight.done_beyond
 
     # ------------------------------------------------------------------ the App's loop
 
@@ -124,12 +129,40 @@ class AsyncRecords:
         """How many more records may be accepted now."""
         return max(self.max_in_flight - self.in_flight.count, 0)
 
+    def resume(self, committed: list[TopicPartition]) -> None:
+        """Partitions (re)start from their committed positions: the records their commit
+        named as dealt with beyond them will be skipped."""
+        for tp in committed:
+            done = done_ahead.decode(tp.metadata, tp.offset)
+            if done:
+                self._done_before[(tp.topic, tp.partition)] = done
+            else:
+                self._done_before.pop((tp.topic, tp.partition), None)
+
+    def forget(self, partitions: set[Partition]) -> None:
+        """Partitions revoked: their records are no longer this App's."""
+        self.in_flight.forget(partitions)
+        for partition in partitions:
+            self._done_before.pop(partition, None)
+
     def accept(self, record: KafkaMessage, topic: str, partition: int, offset: int) -> Wait | None:
         """Take a record of an async route into its lane. None once it is taken (or
-        already dealt with: a dead letter before its handler); a Wait for a tier
-        record not due yet, which the loop makes its partition wait for, unaccepted."""
+        already dealt with: a dead letter before its handler, or named so by the last
+        commit); a Wait for a tier record not due yet, which the loop makes its
+        partition wait for, unaccepted."""
         route, kind = self.records.reads[topic]
         tp = (topic, partition)
+        if self._done_before and offset in self._done_before.get(tp, ()):
+            # Dealt with before a crash or an aborted transaction's rewind, its hand-off
+            # committed with the position: not again.
+            self._done_before[tp] = self._done_before[tp] - {offset}
+            self.in_flight.accept(tp, offset)
+            self._done(tp, offset)
+            self.records.metrics.records.labels(route.topic, "repeat_skipped").inc()
+            log.info(
+                "record dealt with before skipped", topic=topic, partition=partition, offset=offset
+            )
+            return None
         message: Message | None = None
         lane: LaneKey | None
         if route.plan.in_place:

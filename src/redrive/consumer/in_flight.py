@@ -84,6 +84,14 @@ class InFlight:
             self.count -= 1
             book[offset] = None
 
+    def done_beyond(self, partition: Partition) -> list[int]:
+        """The offsets done after the partition's first record not done, ascending (the
+        records a commit at that position names: :mod:`redrive.consumer.done_ahead`)."""
+        book = self._open.get(partition)
+        if book is None:
+            return []
+        return [offset for offset, finished in book.items() if finished is True]
+
     def open_in(self, chosen: Callable[[Partition], bool]) -> list[Partition]:
         """The ``chosen`` partitions with a record accepted and not yet done."""
         return [

@@ -9,7 +9,11 @@ offset is not committed until it has been dealt with.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from confluent_kafka import TopicPartition
+
+from redrive.consumer import done_ahead
 
 Partition = tuple[str, int]
 
@@ -17,24 +21,35 @@ Partition = tuple[str, int]
 class OffsetTracker:
     def __init__(self) -> None:
         self._next: dict[Partition, int] = {}
-        self._committed: dict[Partition, int] = {}
+        self._committed: dict[Partition, tuple[int, str]] = {}
+        self.done_beyond: Callable[[Partition], list[int]] | None = None
+        """The records dealt with after a partition's position, if they may be (async
+        handlers end out of order): named in the commit's metadata."""
+
+    def _metadata(self, partition: Partition, position: int) -> str:
+        if self.done_beyond is None:
+            return ""
+        return done_ahead.encode(position, self.done_beyond(partition))
 
     def mark(self, partition: Partition, offset: int) -> None:
         """The record at `offset` is dealt with: the position moves past it."""
         self._next[partition] = offset + 1
 
     def to_commit(self, partitions: set[Partition] | None = None) -> list[TopicPartition]:
-        """Positions not committed yet (of the given partitions, or all)."""
-        return [
-            TopicPartition(topic, partition, offset)
-            for (topic, partition), offset in self._next.items()
-            if (partitions is None or (topic, partition) in partitions)
-            and self._committed.get((topic, partition)) != offset
-        ]
+        """Positions (with what is done beyond them) not committed yet, of the given
+        partitions or all."""
+        wanted = []
+        for (topic, partition), offset in self._next.items():
+            if partitions is not None and (topic, partition) not in partitions:
+                continue
+            metadata = self._metadata((topic, partition), offset)
+            if self._committed.get((topic, partition)) != (offset, metadata):
+                wanted.append(TopicPartition(topic, partition, offset, metadata=metadata))
+        return wanted
 
     def committed(self, offsets: list[TopicPartition]) -> None:
         for tp in offsets:
-            self._committed[(tp.topic, tp.partition)] = tp.offset
+            self._committed[(tp.topic, tp.partition)] = (tp.offset, tp.metadata or "")
 
     def forget(self, partitions: set[Partition]) -> None:
         """Partitions revoked: their positions belong to the next owner now."""

@@ -16,10 +16,12 @@ from functools import cache
 from itertools import accumulate
 from typing import TYPE_CHECKING, Any, Final
 
-from redrive.headers import Header
+from redrive.headers import DEAD_LETTER_REASON, Header
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+    from redrive.records import DeadLetterRecord
 
 OUTPUT_SCHEMA: Final = (
     "topic STRING, key BINARY, value BINARY, "
@@ -157,3 +159,14 @@ def frame(rows: Sequence[OutputRecord]) -> Any:
             "partition": column([r.partition for r in rows]),
         }
     )
+
+
+def dlq_record(
+    message: DeadLetterRecord | OutputRecord, reason: str, dlq_topic: str
+) -> OutputRecord:
+    """A refused request, or a pending message that will not be delivered, on the DLQ
+    topic as ``redrive serve`` mirrors it: its key, value and headers, plus
+    ``redrive-dead-letter-reason`` (the reason text; the service's reason code is a
+    column of its store and a metric label, and has no place here)."""
+    headers = [*message.headers, (DEAD_LETTER_REASON, reason.encode())]
+    return OutputRecord(dlq_topic, message.key, message.value, headers)

@@ -51,15 +51,16 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 
-from redrive.client_logs import with_client_logs
 from redrive.errors import ConfigError
-from redrive.headers import DEAD_LETTER_REASON, Header
+from redrive.headers import Header
 from redrive.records import DeadLetterRecord, Release
 from redrive.requests import Incoming, IntakeRules, classify
 from redrive.spark.due_index import DueIndex, slot_of
-from redrive.spark.output import OUTPUT_SCHEMA, OutputRecord, frame
+from redrive.spark.output import OUTPUT_SCHEMA, OutputRecord, dlq_record, frame
 from redrive.spark.pending_messages import PendingMessage, pack, unpack
+from redrive.spark.repeats import SeenIdentities, counted_and_removed, dropped
 from redrive.spark.scheduler_rules import DeliveryCheck, SchedulerRules
+from redrive.spark.scheduler_topics import ensure_topics, request_size_limit
 from redrive.spark.session import ROCKSDB_PROVIDER
 from redrive.topic_names import DLQ_TOPIC, REQUESTS_TOPIC
 
@@ -85,17 +86,6 @@ after the other, so more buckets than partitions only add calls per batch, but a
 more even out how Spark's hash spreads them over the partitions."""
 TICK_BUCKET: Final = -1
 """The grouping key of the one tick row per micro-batch (see scheduler_dataframe)."""
-
-
-def dlq_record(
-    message: DeadLetterRecord | OutputRecord, reason: str, dlq_topic: str
-) -> OutputRecord:
-    """A refused request, or a pending message that will not be delivered, on the DLQ
-    topic as ``redrive serve`` mirrors it: its key, value and headers, plus
-    ``redrive-dead-letter-reason`` (the reason text; the service's reason code is a
-    column of its store and a metric label, and has no place here)."""
-    headers = [*message.headers, (DEAD_LETTER_REASON, reason.encode())]
-    return OutputRecord(dlq_topic, message.key, message.value, headers)
 
 
 def _expired(message: PendingMessage) -> str:
@@ -143,6 +133,7 @@ class RetryScheduler(StatefulProcessor):
         self.handle = handle
         self.slots = handle.getMapState(SLOTS_STATE, SLOT_KEY_SCHEMA, SLOT_VALUE_SCHEMA)
         self.index = handle.getValueState(INDEX_STATE, INDEX_SCHEMA)
+        self.seen = SeenIdentities(handle, self.rules.repeat_window_ms)
 
     @property
     def intake(self) -> IntakeRules:
@@ -247,12 +238,18 @@ class RetryScheduler(StatefulProcessor):
                 result = classify(request, self.intake, now)
                 if isinstance(result, Release):
                     continue  # never: keeps_order=False refuses every ordered request
+                if (identity := result.identity) is not None:
+                    if self.seen.repeated(identity):
+                        out.append(dropped(request, identity))
+                        continue
+                    self.seen.accept(identity, now)
                 if isinstance(result, DeadLetterRecord):
                     out.append(dlq_record(result, result.reason, self.rules.dlq_topic))
                 elif result.due_ms <= now and deliver_now:
-                    due.append(PendingMessage.of(result))
+                    due.append(PendingMessage.of(result, now))
                 else:
-                    later.setdefault(slot_of(result.due_ms), []).append(PendingMessage.of(result))
+                    waiting = PendingMessage.of(result, now)
+                    later.setdefault(slot_of(result.due_ms), []).append(waiting)
         out += self._deliver(due, now)
         for slot, messages in later.items():
             packed = pack(messages)
@@ -282,6 +279,8 @@ class RetryScheduler(StatefulProcessor):
             messages = unpack(self._slot(slot))
             rest = [m for m in messages if m.due_ms > now]
             due += [m for m in messages if m.due_ms <= now]
+        for message in due:
+            self.seen.delivered(message.identity, message.accepted_ms, now)
             if rest:
                 self.slots.updateValue((slot,), (pack(rest),))
             else:
@@ -292,27 +291,6 @@ class RetryScheduler(StatefulProcessor):
 
     def close(self) -> None:
         pass
-
-
-def _ensure_topics(admin_config: Mapping[str, str], topics: Mapping[str, int]) -> None:
-    """Create the topics (name -> partitions) that do not exist yet."""
-    from confluent_kafka.admin import AdminClient
-
-    from redrive.topic_admin import ensure_topic
-
-    admin = AdminClient(with_client_logs(admin_config))
-    for topic, partitions in topics.items():
-        ensure_topic(admin, topic, partitions, {})
-
-
-def _request_size_limit(admin_config: Mapping[str, str], requests_topic: str) -> int:
-    """The producer size limit for messages read from ``requests_topic``."""
-    from confluent_kafka.admin import AdminClient
-
-    from redrive.sizes import producer_size_limit
-
-    admin = AdminClient(with_client_logs(admin_config))
-    return producer_size_limit(admin, [requests_topic])["message.max.bytes"]
 
 
 def scheduler_dataframe(
@@ -344,7 +322,11 @@ def scheduler_dataframe(
     destination = F.expr(
         "try_element_at(filter(headers, h -> h.key = 'redrive-destination'), -1).value"
     )
-    unkeyed = F.when(F.col("key").isNull(), F.format_string("%d:%d", "partition", "offset"))
+    # A request without a key has no order to keep: spread by its redrive-id, so that
+    # a repeat of it lands where the first copy is (repeats.py), else where it was read.
+    request_id = F.expr("try_element_at(filter(headers, h -> h.key = 'redrive-id'), -1).value")
+    read_at = F.format_string("%d:%d", "partition", "offset").cast("binary")
+    unkeyed = F.when(F.col("key").isNull(), F.coalesce(request_id, read_at))
     bucket = F.pmod(F.xxhash64(destination, F.col("key"), unkeyed), F.lit(buckets)).cast("int")
     columns = {
         "bucket": "int",
@@ -368,12 +350,13 @@ def scheduler_dataframe(
         )
     )
     grouped = requests.unionByName(ticks).groupBy("bucket")
-    return grouped.transformWithStateInPandas(
+    scheduled = grouped.transformWithStateInPandas(
         statefulProcessor=RetryScheduler(rules),
         outputStructType=OUTPUT_SCHEMA,
         outputMode="Append",
         timeMode="ProcessingTime",
     )
+    return counted_and_removed(scheduled)
 
 
 def build_scheduler_query(
@@ -386,6 +369,7 @@ def build_scheduler_query(
     checkpoint: str,
     trigger_interval: str = "500 milliseconds",
     max_delay_days: float = 365.0,
+    repeat_window_days: float = 7.0,
     kafka_options: Mapping[str, str] | None = None,
     admin_config: Mapping[str, str] | None = None,
     starting_offsets: str = "earliest",
@@ -398,6 +382,8 @@ def build_scheduler_query(
 
     ``allowed_destinations`` are topic names or glob patterns, as ``redrive serve``'s
     setting of that name (internal topics and the requests topic are always refused).
+    ``repeat_window_days``: how long an accepted request's identity is kept, so that a
+    repeat of it is dropped (:mod:`redrive.spark.repeats`).
     ``checkpoint`` keeps the read offsets, the pending messages and their timers:
     restarting with the same folder resumes with everything still pending.
     ``kafka_options`` are Spark Kafka options for the source and the sink;
@@ -427,16 +413,17 @@ def build_scheduler_query(
         dlq_topic=dlq_topic,
         allowed_destinations=allowed_destinations,
         max_delay_days=max_delay_days,
+        repeat_window_days=repeat_window_days,
         admin_config=admin,
         compressed=extra.get("kafka.compression.type", "none") not in ("none", ""),
     )
     if create_topics:
         # As `redrive serve` creates them: the requests topic with 6 partitions.
-        _ensure_topics(admin, {requests_topic: 6, dlq_topic: 1})
+        ensure_topics(admin, {requests_topic: 6, dlq_topic: 1})
     # Whatever the requests topic accepted, the sink's producer can send (the Java
     # producer's own limit, 1 MiB, is below Kafka's default topic limit): only the
     # destination's broker judges a message's size, and DeliveryCheck knows its limit.
-    extra.setdefault("kafka.max.request.size", str(_request_size_limit(admin, requests_topic)))
+    extra.setdefault("kafka.max.request.size", str(request_size_limit(admin, requests_topic)))
     reader = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", bootstrap)

@@ -58,6 +58,8 @@ class SchedulerRules:
     """librdkafka settings of the client that looks up topic metadata."""
     compressed: bool = False
     """The sink compresses: a record's size is not known before it is sent."""
+    repeat_window_ms: int = 7 * 86_400_000
+    """How long an accepted request's identity is kept (:mod:`redrive.spark.repeats`)."""
 
     @classmethod
     def checked(
@@ -69,6 +71,7 @@ class SchedulerRules:
         max_delay_days: float,
         admin_config: Mapping[str, str],
         compressed: bool = False,
+        repeat_window_days: float = 7.0,
     ) -> SchedulerRules:
         """The rules, or a ConfigError naming the first argument that is wrong."""
         for name, topic in (("requests_topic", requests_topic), ("dlq_topic", dlq_topic)):
@@ -80,6 +83,10 @@ class SchedulerRules:
             raise ConfigError("allowed_destinations", str(exc)) from None
         if not max_delay_days > 0:
             raise ConfigError("max_delay_days", f"must be greater than 0, got {max_delay_days}")
+        if not repeat_window_days > 0:
+            raise ConfigError(
+                "repeat_window_days", f"must be greater than 0, got {repeat_window_days}"
+            )
         return cls(
             requests_topic=requests_topic,
             dlq_topic=dlq_topic,
@@ -87,6 +94,7 @@ class SchedulerRules:
             max_delay_ms=int(max_delay_days * 86_400_000),
             admin_config=tuple(sorted(admin_config.items())),
             compressed=compressed,
+            repeat_window_ms=int(repeat_window_days * 86_400_000),
         )
 
     def delivery_check(self) -> DeliveryCheck:
