@@ -18,7 +18,7 @@ import pytest
 
 from redrive.deadlines import Deadline
 from redrive.headers import DEAD_LETTER_REASON, Header, RetryHeaders, encode, request_id
-from redrive.spark.repeats import OBSERVATION, REPEATS_DROPPED
+from redrive.spark.repeats import repeats_dropped
 from redrive.spark.scheduler import build_scheduler_query
 from redrive.spark.session import spark_session
 from tests.integration.service_harness import now_ms, produce, request_headers
@@ -412,22 +412,13 @@ def test_pending_requests_survive_a_restart(spark: Any, bootstrap: str, tmp_path
         assert message.timestamp_ms >= due + index * 100
 
 
-def repeats_dropped(query: Any) -> int:
-    """The repeats the query dropped so far (its observed metric, batch by batch)."""
-    total = 0
-    for progress in query.recentProgress:
-        row = progress.observedMetrics.get(OBSERVATION)
-        if row is not None:
-            total += int(row[REPEATS_DROPPED])
-    return total
-
-
 def test_a_request_sent_again_after_delivery_or_as_a_dead_letter_is_dropped_and_counted(
     scheduler: Scheduler,
 ) -> None:
     """A sender repeating itself long after the first copy left: the delivered retry is
     not delivered again, the dead letter not written again; with a key and without one
-    (which goes to the bucket of its redrive-id, where its first copy was)."""
+    (a repeat read elsewhere than its first copy goes to another bucket: the
+    deduplication is before the buckets)."""
     destination = scheduler.destinations[3]
     reader = TopicReader(scheduler.bootstrap, [destination, scheduler.dlq_topic])
     failure = {"group": "g", "original_topic": "orders", "original_partition": 0}

@@ -28,20 +28,14 @@ class PendingMessage:
     deadline_ms: int | None
     request: tuple[str, int, int]
     """Where the request was read from (topic, partition, offset)."""
-    identity: bytes | None = None
-    """The request's identity (:mod:`redrive.spark.repeats`); None in state written
-    before identities were kept."""
-    accepted_ms: int | None = None
-    """When the scheduler accepted it (None, as ``identity``)."""
 
     @classmethod
-    def of(cls, retry: PendingRetry, accepted_ms: int) -> PendingMessage:
+    def of(cls, retry: PendingRetry) -> PendingMessage:
         r = retry.request
         delivery = OutputRecord(
             retry.destination, retry.key, retry.value, retry.headers, retry.partition
         )
-        where = (r.topic, r.partition, r.offset)
-        return cls(retry.due_ms, delivery, retry.deadline_ms, where, retry.identity, accepted_ms)
+        return cls(retry.due_ms, delivery, retry.deadline_ms, (r.topic, r.partition, r.offset))
 
     def to_bytes(self) -> bytes:
         """JSON, binary parts in base64; headers as the service stores them."""
@@ -60,8 +54,6 @@ class PendingMessage:
                 "headers": headers_as_json(message.headers),
                 "deadline": self.deadline_ms,
                 "request": list(self.request),
-                "id": None if self.identity is None else self.identity.hex(),
-                "accepted": self.accepted_ms,
             },
             separators=(",", ":"),
         ).encode()
@@ -81,14 +73,8 @@ class PendingMessage:
             item["partition"],
         )
         topic, partition, offset = item["request"]
-        identity = item.get("id")
         return cls(
-            int(item["due"]),
-            delivery,
-            item["deadline"],
-            (topic, int(partition), int(offset)),
-            None if identity is None else bytes.fromhex(identity),
-            item.get("accepted"),
+            int(item["due"]), delivery, item["deadline"], (topic, int(partition), int(offset))
         )
 
 

@@ -2,89 +2,76 @@
 
 Every sender repeats itself after a crash (a consumer handing a failure off again, a
 Spark pipeline's batch run again from its checkpoint), and the retry service drops
-such repeats by the request's identity (:func:`redrive.requests.identity`). The Spark
-scheduler does the same within its state: each bucket keeps the identities it
-accepted in a map with a time to live, and a request whose identity is there is
-dropped, whatever became of its first copy (pending, delivered, a dead letter).
+such repeats by the request's identity. The Spark scheduler does the same, before
+its buckets, with Spark's own streaming deduplication
+(``dropDuplicatesWithinWatermark``, in the JVM and the RocksDB state store: no call
+from Python per request): a request whose identity the query accepted within the last
+``repeat_window_ms`` is dropped, whatever became of its first copy (pending,
+delivered, a dead letter).
 
-Invariant: a request is kept (pending, delivered or dead-lettered) only if its
-identity was not in its bucket's map, and its identity is put there in the same
-batch. Identities live ``repeat_window_ms`` after their acceptance, and again after
-the delivery of a message that waited longer than half of that. A repeat lands in the
-bucket of its first copy: buckets are chosen by destination and key, or for a
-request without a key by its ``redrive-id`` (see ``scheduler_dataframe``).
+The identity is the request's ``redrive-id``; for a request without one, its group,
+original topic, partition, offset and attempt, as their header bytes (a repeat
+carries the same bytes); for one that names no original record, where it was read.
+Those are what :func:`redrive.requests.identity` hashes, taken from the raw headers.
 
-A dropped repeat leaves a marker row, counted by the query's observed metric
-``redrive-scheduler`` (``repeats_dropped``, in each progress report's
-``observedMetrics``) and removed before the Kafka sink.
+The window is counted on the processing-time clock from acceptance: each request is
+stamped with its micro-batch's time, so none is ever late for the watermark (which
+would drop it), and an identity leaves the state once the query's clock has passed
+its acceptance by the window. The count of repeats dropped is the deduplication
+operator's ``numDroppedDuplicateRows`` in each progress report's ``stateOperators``
+(:func:`repeats_dropped` adds them up).
 """
 
 from __future__ import annotations
 
 from typing import Any, Final
 
-import structlog
+from redrive.headers import ATTEMPT, GROUP, ID, ORIGINAL_OFFSET, ORIGINAL_PARTITION, ORIGINAL_TOPIC
 
-from redrive.spark.output import OutputRecord
+IDENTITY: Final = "redrive_identity"
+ACCEPTED_AT: Final = "redrive_accepted_at"
 
-log = structlog.get_logger("redrive.spark.scheduler")
-
-SEEN_STATE: Final = "seen"
-SEEN_KEY_SCHEMA: Final = "identity BINARY"
-SEEN_VALUE_SCHEMA: Final = "accepted LONG"
-"""The identities a bucket accepted, each with when (epoch ms)."""
-
-OBSERVATION: Final = "redrive-scheduler"
-"""The name of the query's observed metrics (``observedMetrics`` in its progress)."""
-REPEATS_DROPPED: Final = "repeats_dropped"
-
-REPEAT_MARKER: Final = OutputRecord("", None, None, [])
-"""The row a dropped repeat leaves: counted, then filtered out before the sink (an
-empty topic name, which no message of the sink may have)."""
+_FAILURE_HEADERS: Final = (GROUP, ORIGINAL_TOPIC, ORIGINAL_PARTITION, ORIGINAL_OFFSET, ATTEMPT)
 
 
-class SeenIdentities:
-    """One bucket's map of accepted identities, made in the processor's ``init``."""
-
-    def __init__(self, handle: Any, window_ms: int) -> None:
-        self._window_ms = window_ms
-        self._map = handle.getMapState(
-            SEEN_STATE, SEEN_KEY_SCHEMA, SEEN_VALUE_SCHEMA, ttlDurationMs=window_ms
-        )
-
-    def repeated(self, identity: bytes) -> bool:
-        return bool(self._map.containsKey((identity,)))
-
-    def accept(self, identity: bytes, now_ms: int) -> None:
-        self._map.updateValue((identity,), (now_ms,))
-
-    def delivered(self, identity: bytes | None, accepted_ms: int | None, now_ms: int) -> None:
-        """A message left: if it waited long, its identity's life starts again now, so
-        that a repeat is dropped for the window after its delivery too."""
-        if identity is None or accepted_ms is None:
-            return
-        if now_ms - accepted_ms > self._window_ms // 2:
-            self._map.updateValue((identity,), (now_ms,))
-
-
-def dropped(request: Any, identity: bytes) -> OutputRecord:
-    """Log a dropped repeat (read at ``request``'s topic, partition and offset); its
-    marker row."""
-    log.info(
-        "repeat dropped: its request was accepted before",
-        topic=request.topic,
-        partition=request.partition,
-        offset=request.offset,
-        identity=identity.hex(),
-    )
-    return REPEAT_MARKER
-
-
-def counted_and_removed(output: Any) -> Any:
-    """The scheduler's output with the repeats' marker rows counted (the observed
-    metric) and removed."""
+def _header(name: str) -> Any:
     from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
 
-    marker = F.col("topic") == F.lit(REPEAT_MARKER.topic)
-    observed = output.observe(OBSERVATION, F.count(F.when(marker, 1)).alias(REPEATS_DROPPED))
-    return observed.where(~marker)
+    return F.expr(f"try_element_at(filter(headers, h -> h.key = '{name}'), -1).value")
+
+
+def identity_column() -> Any:
+    """A request's identity as a column (see the module)."""
+    from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
+
+    failure = F.concat_ws(
+        "/", *[F.coalesce(F.hex(_header(name)), F.lit("-")) for name in _FAILURE_HEADERS]
+    )
+    read_at = F.format_string("r/%s/%d/%d", "topic", "partition", "offset")
+    return F.coalesce(
+        F.hex(_header(ID)),
+        F.when(_header(ORIGINAL_OFFSET).isNotNull(), F.concat(F.lit("f/"), failure)),
+        read_at,
+    )
+
+
+def without_repeats(requests: Any, window_ms: int) -> Any:
+    """``requests`` (the Kafka source's rows) without those whose identity was accepted
+    within the last ``window_ms``."""
+    from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
+
+    stamped = requests.withColumn(IDENTITY, identity_column()).withColumn(
+        ACCEPTED_AT, F.current_timestamp()
+    )
+    kept = stamped.withWatermark(ACCEPTED_AT, f"{window_ms} milliseconds")
+    return kept.dropDuplicatesWithinWatermark([IDENTITY]).drop(IDENTITY, ACCEPTED_AT)
+
+
+def repeats_dropped(query: Any) -> int:
+    """Repeats the query dropped, over the progress reports it keeps."""
+    total = 0
+    for progress in query.recentProgress:
+        for operator in progress.stateOperators:
+            if operator.operatorName == "dedupeWithinWatermark":
+                total += int(operator.customMetrics.get("numDroppedDuplicateRows", 0))
+    return total

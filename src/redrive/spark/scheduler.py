@@ -23,7 +23,9 @@ scheduler do, with Spark state instead of PostgreSQL:
    for the topic, no key for a compacted topic: see
    :class:`~redrive.spark.scheduler_rules.DeliveryCheck`), is a dead letter instead,
    and the query goes on.
-5. Deliveries and dead letters leave through ONE Kafka sink, each row naming its
+5. A request the query accepted before (by its identity, within ``repeat_window_ms``)
+   is dropped before the buckets: :mod:`redrive.spark.repeats`.
+6. Deliveries and dead letters leave through ONE Kafka sink, each row naming its
    ``topic``. The query is checkpointed: Kafka offsets, state and timers survive a
    restart, and timers that came due while it was stopped fire on its first batch.
 
@@ -58,7 +60,7 @@ from redrive.requests import Incoming, IntakeRules, classify
 from redrive.spark.due_index import DueIndex, slot_of
 from redrive.spark.output import OUTPUT_SCHEMA, OutputRecord, dlq_record, frame
 from redrive.spark.pending_messages import PendingMessage, pack, unpack
-from redrive.spark.repeats import SeenIdentities, counted_and_removed, dropped
+from redrive.spark.repeats import without_repeats
 from redrive.spark.scheduler_rules import DeliveryCheck, SchedulerRules
 from redrive.spark.scheduler_topics import ensure_topics, request_size_limit
 from redrive.spark.session import ROCKSDB_PROVIDER
@@ -133,7 +135,6 @@ class RetryScheduler(StatefulProcessor):
         self.handle = handle
         self.slots = handle.getMapState(SLOTS_STATE, SLOT_KEY_SCHEMA, SLOT_VALUE_SCHEMA)
         self.index = handle.getValueState(INDEX_STATE, INDEX_SCHEMA)
-        self.seen = SeenIdentities(handle, self.rules.repeat_window_ms)
 
     @property
     def intake(self) -> IntakeRules:
@@ -238,17 +239,12 @@ class RetryScheduler(StatefulProcessor):
                 result = classify(request, self.intake, now)
                 if isinstance(result, Release):
                     continue  # never: keeps_order=False refuses every ordered request
-                if (identity := result.identity) is not None:
-                    if self.seen.repeated(identity):
-                        out.append(dropped(request, identity))
-                        continue
-                    self.seen.accept(identity, now)
                 if isinstance(result, DeadLetterRecord):
                     out.append(dlq_record(result, result.reason, self.rules.dlq_topic))
                 elif result.due_ms <= now and deliver_now:
-                    due.append(PendingMessage.of(result, now))
+                    due.append(PendingMessage.of(result))
                 else:
-                    waiting = PendingMessage.of(result, now)
+                    waiting = PendingMessage.of(result)
                     later.setdefault(slot_of(result.due_ms), []).append(waiting)
         out += self._deliver(due, now)
         for slot, messages in later.items():
@@ -279,8 +275,6 @@ class RetryScheduler(StatefulProcessor):
             messages = unpack(self._slot(slot))
             rest = [m for m in messages if m.due_ms > now]
             due += [m for m in messages if m.due_ms <= now]
-        for message in due:
-            self.seen.delivered(message.identity, message.accepted_ms, now)
             if rest:
                 self.slots.updateValue((slot,), (pack(rest),))
             else:
@@ -322,11 +316,7 @@ def scheduler_dataframe(
     destination = F.expr(
         "try_element_at(filter(headers, h -> h.key = 'redrive-destination'), -1).value"
     )
-    # A request without a key has no order to keep: spread by its redrive-id, so that
-    # a repeat of it lands where the first copy is (repeats.py), else where it was read.
-    request_id = F.expr("try_element_at(filter(headers, h -> h.key = 'redrive-id'), -1).value")
-    read_at = F.format_string("%d:%d", "partition", "offset").cast("binary")
-    unkeyed = F.when(F.col("key").isNull(), F.coalesce(request_id, read_at))
+    unkeyed = F.when(F.col("key").isNull(), F.format_string("%d:%d", "partition", "offset"))
     bucket = F.pmod(F.xxhash64(destination, F.col("key"), unkeyed), F.lit(buckets)).cast("int")
     columns = {
         "bucket": "int",
@@ -337,6 +327,7 @@ def scheduler_dataframe(
         "value": "binary",
         "headers": "array<struct<key: string, value: binary>>",
     }
+    requests = without_repeats(requests, rules.repeat_window_ms)
     requests = requests.select(bucket.alias("bucket"), *[c for c in columns if c != "bucket"])
     ticks = (
         requests.sparkSession.readStream.format("rate-micro-batch")
@@ -356,7 +347,7 @@ def scheduler_dataframe(
         outputMode="Append",
         timeMode="ProcessingTime",
     )
-    return counted_and_removed(scheduled)
+    return scheduled
 
 
 def build_scheduler_query(
