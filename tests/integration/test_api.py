@@ -44,8 +44,10 @@ class Env:
 
 
 def consumer_dead_letter(
-    topic: str, error_type: str, message: str
+    topic: str, error_type: str, message: str, original_offset: int = 5
 ) -> list[tuple[str, bytes | None]]:
+    """A consumer's dead letter of the record at ``original_offset`` (each record's
+    failure is one: the same one sent again is dropped as a repeat)."""
     return request_headers(
         topic,
         now_ms(),
@@ -57,7 +59,7 @@ def consumer_dead_letter(
         error_message=message,
         original_topic=topic,
         original_partition=0,
-        original_offset=5,
+        original_offset=original_offset,
         reason="attempts exhausted (3 of 3)",
     )
 
@@ -77,7 +79,7 @@ def env(bootstrap: str, database_url: str, new_topic: Callable[..., str]) -> Ite
                 "key": f"k{i}".encode(),
                 "value": f'{{"n": {i}}}'.encode(),
                 "headers": consumer_dead_letter(
-                    topic, "billing.Timeout" if i % 2 else "billing.Bad", f"gateway said {i}"
+                    topic, "billing.Timeout" if i % 2 else "billing.Bad", f"gateway said {i}", i
                 ),
             }
             for i in range(6)
@@ -131,7 +133,7 @@ def test_get_one_shows_text_json_hex_headers_and_trace(env: Env) -> None:
     assert body["key"]["text"] == "k4"
     assert {"name": "trace-id", "text": "abc", "base64": "YWJj"} in body["headers"]
     assert body["reason_code"] == "sent_to_dlq" and "attempts exhausted" in body["reason"]
-    assert body["original"] == {"topic": env.topic, "partition": 0, "offset": 5, "timestamp": None}
+    assert body["original"] == {"topic": env.topic, "partition": 0, "offset": 4, "timestamp": None}
     (binary_id,) = ids_of(env, reason="invalid_request")
     binary = env.api.get(f"/api/v1/dead-letters/{binary_id}").json()
     assert binary["value"]["text"] is None and binary["value"]["hex"] == "00ff"
