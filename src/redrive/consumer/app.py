@@ -67,6 +67,7 @@ from redrive.consumer.offsets import OffsetTracker, Partition
 from redrive.consumer.pauses import PauseBook
 from redrive.consumer.publisher import Publisher
 from redrive.consumer.records import DeadLetterHook, Records, RetryHook
+from redrive.consumer.rejoin import RejoinWatch
 from redrive.consumer.repeats import DEFAULT_REPEAT_WINDOW, RecentIds
 from redrive.consumer.routes import HandlerOptions, Kind, Route, build_route
 from redrive.consumer.strategies.pause import BreakerHook, Breakers
@@ -412,12 +413,8 @@ class App:
             if async_topics
             else None
         )
-        consumer.subscribe(
-            list(self._reads),
-            on_assign=self._on_assign,
-            on_revoke=self._on_revoke,
-            on_lost=self._on_lost,
-        )
+        self._rejoin = RejoinWatch()
+        self._subscribe(consumer)
         log.info("consumer started", group=self.group, topics=sorted(self._reads))
         self.running.set()
         last_commit = self._last_turn = time.monotonic()
@@ -430,6 +427,8 @@ class App:
                 if time.monotonic() - last_commit >= self.commit_interval_s:
                     self._commit(asynchronous=True)
                     last_commit = time.monotonic()
+                if self._rejoin.due(time.monotonic()):
+                    self._subscribe_again(consumer)
             if self._batches is not None:  # stopping: what waits in a batch is handled
                 flush_batches(self._batches, self._records, self._offsets, self.metrics)
             if self._async is not None:  # stopping: what runs may end, the rest waits
@@ -587,6 +586,7 @@ class App:
             log.warning("commit failed; records may be handled again", error=err.str())
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._rejoin.assigned()
         # Added to, not replaced: with cooperative rebalancing these are the new ones.
         new = {(p.topic, p.partition) for p in partitions}
         self._assigned = self._assigned | new
@@ -609,7 +609,26 @@ class App:
             self._forget(lost)
         log.info("partitions revoked", partitions=sorted(f"{t}[{p}]" for t, p in lost))
 
+    def _subscribe(self, consumer: Consumer) -> None:
+        consumer.subscribe(
+            list(self._reads),
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
+
+    def _subscribe_again(self, consumer: Consumer) -> None:
+        """No assignment since the partitions were lost (see redrive.consumer.rejoin)."""
+        log.warning(
+            "no partitions assigned since they were lost; subscribing again",
+            group=self.group,
+            waited_s=self._rejoin.after_s,
+        )
+        consumer.unsubscribe()
+        self._subscribe(consumer)
+
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._rejoin.lost(time.monotonic())
         lost = {(p.topic, p.partition) for p in partitions}
         self._forget(lost)
         log.warning("partitions lost", partitions=sorted(f"{t}[{p}]" for t, p in lost))
