@@ -128,9 +128,11 @@ def test_serve_without_settings_uses_the_local_stack_and_says_where_it_listens(
 )
 def test_a_bad_setting_stops_start_up_naming_it(env: dict[str, str], expected: str) -> None:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("REDRIVE_")}
+    # Any free HTTP port: 8080 may be taken (another test's service), and a taken port
+    # is refused first, naming that setting instead.
     result = subprocess.run(
         [sys.executable, "-m", "redrive.cli", "serve"],
-        env={**clean, **env},
+        env={**clean, "REDRIVE_HTTP_PORT": "0", **env},
         capture_output=True,
         text=True,
         timeout=120,
