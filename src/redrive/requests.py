@@ -191,7 +191,7 @@ def classify(
         original_partition=request.original_partition,
         original_offset=request.original_offset,
         request=where,
-        identity=bytes.fromhex(request.id) if request.id else identity(request, where),
+        identity=identity(request, where),
         order=request.order,
     )
 

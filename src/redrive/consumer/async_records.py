@@ -118,7 +118,7 @@ class AsyncRecords:
         self._wake = asyncio.Event()
         self._wake_below = 1
         self._fatal: BaseException | None = None
-        self._done_before: dict[Partition, frozenset[int]] = {}
+        self._done_before: dict[Partition, set[int]] = {}
         """Per partition: records beyond its committed position that the commit named as
         dealt with (:mod:`redrive.consumer.done_ahead`), skipped when read again."""
         offsets.done_beyond = self.in_flight.done_beyond
@@ -135,7 +135,7 @@ class AsyncRecords:
         for tp in committed:
             done = done_ahead.decode(tp.metadata, tp.offset)
             if done:
-                self._done_before[(tp.topic, tp.partition)] = done
+                self._done_before[(tp.topic, tp.partition)] = set(done)
             else:
                 self._done_before.pop((tp.topic, tp.partition), None)
 
@@ -155,7 +155,7 @@ class AsyncRecords:
         if self._done_before and offset in self._done_before.get(tp, ()):
             # Dealt with before a crash or an aborted transaction's rewind, its hand-off
             # committed with the position: not again.
-            self._done_before[tp] = self._done_before[tp] - {offset}
+            self._done_before[tp].discard(offset)
             self.in_flight.accept(tp, offset)
             self._done(tp, offset)
             self.records.metrics.records.labels(route.topic, "repeat_skipped").inc()

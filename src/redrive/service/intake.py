@@ -260,19 +260,21 @@ class Intake:
             if waited is None:
                 return False  # stopping before the batch was stored: it will be read again
             stored = waited
-        self._stored(batch, stored)
-        repeats = {id(record) for record in stored.repeats}
-        dead = [letter for letter in batch.dead if id(letter) not in repeats]
+        dead = stored.without_repeats(batch.dead)
+        self._stored(stored, dead)
         self._mirror(dead)
         self._commit(batch.incoming)
         for repeat in stored.repeats:
+            # Only requests (read at coordinates, with an identity) can be repeats.
+            assert repeat.request is not None
+            assert repeat.identity is not None
             log.info(
                 "repeat dropped: its request was accepted before",
-                topic=repeat.request.topic if repeat.request else None,
-                partition=repeat.request.partition if repeat.request else None,
-                offset=repeat.request.offset if repeat.request else None,
+                topic=repeat.request.topic,
+                partition=repeat.request.partition,
+                offset=repeat.request.offset,
                 stage=repeat_stage(repeat),
-                identity=repeat.identity.hex() if repeat.identity else None,
+                identity=repeat.identity.hex(),
             )
         for letter in dead:
             assert letter.request is not None
@@ -323,15 +325,13 @@ class Intake:
                 if not self._pause_for(attempt):
                     return None
 
-    def _stored(self, batch: _Batch, stored: Stored) -> None:
+    def _stored(self, stored: Stored, dead: list[DeadLetterRecord]) -> None:
+        """Count a stored batch: its new pending rows, its repeats, the letters it stored."""
         self.healthy = True
         self.metrics.scheduled.inc(stored.inserted)
-        repeats = {id(record) for record in stored.repeats}
         for repeat in stored.repeats:
             self.metrics.repeats.labels(repeat_stage(repeat)).inc()
-        for letter in batch.dead:
-            if id(letter) in repeats:
-                continue
+        for letter in dead:
             if _ingested(letter):
                 self.metrics.ingested.labels(letter.source.removeprefix("ingest:")).inc()
             else:

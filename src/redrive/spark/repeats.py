@@ -34,7 +34,8 @@ ACCEPTED_AT: Final = "redrive_accepted_at"
 _FAILURE_HEADERS: Final = (GROUP, ORIGINAL_TOPIC, ORIGINAL_PARTITION, ORIGINAL_OFFSET, ATTEMPT)
 
 
-def _header(name: str) -> Any:
+def header_value(name: str) -> Any:
+    """The value of a request's last header called ``name`` (null if none), as a column."""
     from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
 
     return F.expr(f"try_element_at(filter(headers, h -> h.key = '{name}'), -1).value")
@@ -45,12 +46,12 @@ def identity_column() -> Any:
     from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
 
     failure = F.concat_ws(
-        "/", *[F.coalesce(F.hex(_header(name)), F.lit("-")) for name in _FAILURE_HEADERS]
+        "/", *[F.coalesce(F.hex(header_value(name)), F.lit("-")) for name in _FAILURE_HEADERS]
     )
     read_at = F.format_string("r/%s/%d/%d", "topic", "partition", "offset")
     return F.coalesce(
-        F.hex(_header(ID)),
-        F.when(_header(ORIGINAL_OFFSET).isNotNull(), F.concat(F.lit("f/"), failure)),
+        F.hex(header_value(ID)),
+        F.when(header_value(ORIGINAL_OFFSET).isNotNull(), F.concat(F.lit("f/"), failure)),
         read_at,
     )
 

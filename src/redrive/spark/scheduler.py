@@ -54,13 +54,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 
 from redrive.errors import ConfigError
-from redrive.headers import Header
+from redrive.headers import DESTINATION, Header
 from redrive.records import DeadLetterRecord, Release
 from redrive.requests import Incoming, IntakeRules, classify
 from redrive.spark.due_index import DueIndex, slot_of
 from redrive.spark.output import OUTPUT_SCHEMA, OutputRecord, dlq_record, frame
 from redrive.spark.pending_messages import PendingMessage, pack, unpack
-from redrive.spark.repeats import without_repeats
+from redrive.spark.repeats import header_value, without_repeats
 from redrive.spark.scheduler_rules import DeliveryCheck, SchedulerRules
 from redrive.spark.scheduler_topics import ensure_topics, request_size_limit
 from redrive.spark.session import ROCKSDB_PROVIDER
@@ -313,9 +313,7 @@ def scheduler_dataframe(
     if buckets is None:
         partitions = int(requests.sparkSession.conf.get("spark.sql.shuffle.partitions"))
         buckets = BUCKETS_PER_PARTITION * partitions
-    destination = F.expr(
-        "try_element_at(filter(headers, h -> h.key = 'redrive-destination'), -1).value"
-    )
+    destination = header_value(DESTINATION)
     unkeyed = F.when(F.col("key").isNull(), F.format_string("%d:%d", "partition", "offset"))
     bucket = F.pmod(F.xxhash64(destination, F.col("key"), unkeyed), F.lit(buckets)).cast("int")
     columns = {

@@ -135,6 +135,13 @@ class Stored:
     inserted: int
     repeats: list[Accepted] = field(default_factory=list)
 
+    def without_repeats(self, records: Sequence[DeadLetterRecord]) -> list[DeadLetterRecord]:
+        """``records`` (the batch's) less those dropped as repeats."""
+        if not self.repeats:
+            return list(records)
+        dropped = {id(record) for record in self.repeats}
+        return [record for record in records if id(record) not in dropped]
+
 
 def _copy(
     cur: psycopg.Cursor[Any],
@@ -194,7 +201,9 @@ def insert_batch(
         letters = [r for r in dead if r.identity is not None]  # not ingested ones
         identities = [(r.identity, max(now_ms, r.due_ms)) for r in pending]
         identities += [(r.identity, now_ms) for r in releases]
-        identities += [(r.identity, now_ms) for r in letters if r.identity is not None]
+        identities += [
+            (r.identity, now_ms) for r in letters if r.identity is not None
+        ]  # (narrows the type)
         new = _accept(conn, identities) if identities else None
         if new is not None:
             pending = _new_only(pending, new, repeats)
@@ -202,8 +211,7 @@ def insert_batch(
             ingested = [r for r in dead if r.identity is None]
             dead = [*_new_only(letters, new, repeats), *ingested]
         if pending:
-            with conn.cursor() as copying:
-                _copy(copying, _COPY_PENDING, _PENDING_TYPES, [_pending_params(r) for r in pending])
+            _copy(cur, _COPY_PENDING, _PENDING_TYPES, [_pending_params(r) for r in pending])
             notify_due(conn, min(r.due_ms for r in pending))
         queues = [q for q in (r.order_queue for r in pending) if q is not None]
         key_queues.supersede(conn, queues)
