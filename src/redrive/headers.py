@@ -15,7 +15,7 @@ grow with the number of attempts and a forged request cannot carry megabytes of 
 - :func:`read_delivery_headers` is the lenient reader a consumer uses on a redelivered
   message to learn its attempt count and original coordinates.
 - :func:`next_request` builds the request a consumer writes after a failure, and
-  :func:`request_id` the ``redrive-id`` that names it.
+  :func:`failure_request_id` the ``redrive-id`` that names it.
 
 Import everything from here. The names, caps and :class:`RetryHeaders` are defined in
 :mod:`redrive.header_fields` and the readers in :mod:`redrive.header_decoding`, each
@@ -142,22 +142,16 @@ def describe_error(error: BaseException) -> ErrorInfo:
 
 
 def request_id(request: RetryHeaders) -> str:
-    """The ``redrive-id`` of a retry request: one failure of one record in one group.
+    """The ``redrive-id`` of a request written from its fields: its group, original
+    topic, partition and offset, and attempt (a record put behind its key's retry, a
+    release, a request from a sender that names no id).
 
-    A digest (BLAKE2b, 16 bytes, as :data:`ID_LENGTH` hex characters) of the request's
-    group, original topic, partition and offset, and attempt: what identifies the
-    failure, and nothing that varies between two writes of it (not the due time, not
-    the error text). Deterministic, so that a hand-off repeated after a crash (the
-    request produced, the source offset not yet committed) writes the same id again,
-    and a consumer can tell that repeat delivery from a new record. The attempt is in
-    it because each retry of a record is a new request: the record failing again
-    after its redelivery is a new failure, with its own id.
-
-    A dead letter is that failure handed off the other way, so it has the id a retry
-    of it would have: a failure retried before a crash and dead-lettered after it (its
-    deadline passed meanwhile) is still one failure. A record put behind its key's
-    retry has attempt 0, which no failure has; a release names the retry it ends, so
-    its fields are those of that retry, told apart by a prefix.
+    A digest (BLAKE2b, 16 bytes, as :data:`ID_LENGTH` hex characters), deterministic,
+    so that the same request written again after a crash carries the same id, and
+    without what varies between two writes of it (the due time, the error text). A
+    record put behind its key's retry has attempt 0, which no failure has; a release
+    names the retry it ends, so its fields are those of that retry, told apart by a
+    prefix. A consumer's hand-off of a failure is named by :func:`failure_request_id`.
     """
     return failure_id(
         request.group,
@@ -167,6 +161,33 @@ def request_id(request: RetryHeaders) -> str:
         request.attempt,
         release=request.order == "release",
     )
+
+
+def failure_request_id(
+    group: str, attempt: int, read_at: tuple[str, int, int], delivered_as: str | None
+) -> str:
+    """The ``redrive-id`` of one failure of one record in one group: the retry request
+    or the dead letter a consumer hands it off as.
+
+    The record is named by what cannot be forged or shared: the ``redrive-id`` of the
+    request that ``delivered_as`` it (every delivery of that request, the repeats of a
+    delivery included, is the same record), else where it was read (topic, partition,
+    offset). Never by the original coordinates in its headers: any producer can write
+    those, and two records that carry the same (copied along by a stream processor,
+    say) are two records, whose failures must not pass for repeats of each other.
+
+    Deterministic, so that a hand-off repeated after a crash (the record read again at
+    the same place, or delivered again) carries the same id. The attempt is in it
+    because each retry of a record is a new request: the record failing again after
+    its redelivery is a new failure, with its own id. A dead letter is that failure
+    handed off the other way, so it has the id a retry of it would have: a failure
+    retried before a crash and dead-lettered after it (its deadline passed meanwhile)
+    is still one failure. A first failure's id is :func:`request_id` of its request,
+    whose original coordinates are where it was read.
+    """
+    if delivered_as is None:
+        return failure_id(group, *read_at, attempt)
+    return _digest([group, {"delivered-as": delivered_as}, attempt])
 
 
 def failure_id(
@@ -182,8 +203,12 @@ def failure_id(
     fields: list[object] = [group, topic, partition, offset, attempt]
     if release:  # not the failure: the consumer is done with it
         fields.insert(0, "release")
+    return _digest(fields)
+
+
+def _digest(fields: list[object]) -> str:
     # JSON keeps the fields apart whatever a group name contains (a separator, say).
-    data = json.dumps(fields, separators=(",", ":")).encode("ascii")
+    data = json.dumps(fields, separators=(",", ":")).encode("utf-8")
     return hashlib.blake2b(data, digest_size=ID_LENGTH // 2).hexdigest()
 
 

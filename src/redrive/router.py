@@ -15,8 +15,9 @@ The path of one failure (:meth:`Router.route`):
    timestamp and the deadline the record arrived with. A policy that raises (a broken
    ``retryable`` predicate, say) makes a dead letter, ``policy error: ...``.
 2. A retry gets its request's contract headers (:func:`redrive.headers.next_request`)
-   naming its destination, and its ``redrive-id`` (:func:`redrive.headers.request_id`:
-   derived from the failure, so a repeated hand-off writes the same id); a retry in
+   naming its destination, and its ``redrive-id``
+   (:func:`redrive.headers.failure_request_id`: derived from the group, the record as
+   read and the attempt, so a repeated hand-off writes the same id); a retry in
    place gets none (nothing is written). Headers that cannot be written (a value a
    forged header put out of range) make a dead letter instead, reason INVALID_REQUEST.
 3. A dead letter gets the same headers with ``redrive-send-to: dlq`` and
@@ -50,9 +51,9 @@ from redrive.headers import (
     HeaderError,
     RetryHeaders,
     describe_error,
+    failure_request_id,
     next_request,
     read_delivery_headers,
-    request_id,
 )
 from redrive.policy import DeadLetter, DeadLetterReason, Policy, Retry
 
@@ -229,7 +230,7 @@ class Router:
                 partition=retry_to.destination_partition,
                 attempt=decision.attempt,
             )
-            request = dataclasses.replace(request, id=request_id(request))
+            request = dataclasses.replace(request, id=self._failure_id(record, request.attempt))
         except HeaderError as header_error:
             text = f"cannot write the retry request: {header_error}"
             dead = DeadLetter(DeadLetterReason.INVALID_REQUEST, text, record.attempt)
@@ -249,6 +250,11 @@ class Router:
         letter, without asking the policy."""
         dead = DeadLetter(DeadLetterReason.FATAL_ERROR, f"fatal error: {problem}", record.attempt)
         return self._dead_letter(record, error, dead, self.clock(), dead_letters, home)
+
+    def _failure_id(self, record: FailedRecord, attempt: int) -> str:
+        delivered_as = record.delivery.id if record.delivery is not None else None
+        read_at = (record.topic, record.partition, record.offset)
+        return failure_request_id(self.group, attempt, read_at, delivered_as)
 
     def _dead_letter(
         self,
@@ -276,7 +282,7 @@ class Router:
                 reason=dead.text,
                 attempt=dead.attempt,
             )
-            headers = dataclasses.replace(headers, id=request_id(headers))
+            headers = dataclasses.replace(headers, id=self._failure_id(record, headers.attempt))
         except HeaderError as header_error:  # not expected: keep the letter, say why
             headers = RetryHeaders(
                 destination=record.topic,

@@ -325,6 +325,25 @@ EXTREMES = [
     ),
 ]
 
+SHARED_ORIGIN = [
+    Hostile(
+        None,
+        f"copy {i}".encode(),
+        (
+            (b"redrive-destination", b"orders"),
+            (b"redrive-retry-at", b"@now+1500"),
+            (b"redrive-original-topic", b"elsewhere"),
+            (b"redrive-original-offset", b"0"),
+        ),
+        None,
+        kcat=False,
+    )
+    for i in range(FLAKY_EVERY + 1)
+]
+"""Records that all claim to be the same original record (as a stream processor that
+copies headers along makes them): the first and the last fail once, and each failure
+is its own, not a repeat of the other."""
+
 
 @dataclass
 class Outcomes:
@@ -524,6 +543,7 @@ def _check(lane: Lane, sent: dict[bytes, Hostile]) -> None:
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @example(batch=EXTREMES)
+@example(batch=SHARED_ORIGIN)
 @given(batch=batches)
 def test_hostile_records_end_handled_retried_or_dead_lettered(
     hostile_env: HostileEnv, batch: list[Hostile]

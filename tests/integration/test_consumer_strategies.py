@@ -10,7 +10,7 @@ from contextlib import ExitStack, contextmanager
 import pytest
 
 from redrive import App, FatalError, Message
-from redrive.headers import RetryHeaders, decode, request_id
+from redrive.headers import RetryHeaders, decode, failure_request_id
 from tests.integration.consumer_harness import Calls, retry_service, running_app
 from tests.integration.service_harness import Collector, dead_letters, produce
 
@@ -76,24 +76,13 @@ def test_failing_twice_then_succeeding_is_called_three_times_at_the_delays(
         assert call.headers == [("trace", b"t-1")]
     if strategy in ("topics", "retry-topic", "service"):
         # Each redelivery carries its request's redrive-id unchanged: the id of that
-        # failure (group, where the record was first read, the attempt that failed),
-        # so a new one for each retry.
+        # failure (the group, the record as read, the attempt that failed), so a new
+        # one for each retry: where the record was first read, then the delivery.
         first_offset, first_retry = seen[0]
         assert first_retry is None
-        expected = [
-            request_id(
-                RetryHeaders(
-                    destination=topic,
-                    retry_at=0,
-                    attempt=failed,
-                    group=app.group,
-                    original_topic=topic,
-                    original_partition=got[0].partition,
-                    original_offset=first_offset,
-                )
-            )
-            for failed in (1, 2)
-        ]
+        first = failure_request_id(app.group, 1, (topic, got[0].partition, first_offset), None)
+        second = failure_request_id(app.group, 2, ("unused", 0, 0), first)
+        expected = [first, second]
         assert [retry.id if retry else None for _, retry in seen[1:3]] == expected
 
 

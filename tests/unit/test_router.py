@@ -18,6 +18,7 @@ from redrive.headers import (
     decode,
     describe_error,
     encode,
+    failure_request_id,
     next_request,
     request_id,
 )
@@ -147,8 +148,15 @@ def test_a_redelivery_counts_on_and_keeps_its_origin() -> None:
     assert request.error_type == "ValueError" and request.error_message == "again"
 
 
+def _id_of(outcome: Retried | DeadLettered) -> str | None:
+    if isinstance(outcome, Retried):
+        return outcome.request.id if outcome.request is not None else None
+    return outcome.headers.id
+
+
 def test_a_repeated_hand_off_has_the_same_id_and_each_retry_a_new_one() -> None:
-    record = failed(attempt=3, delivery=redelivery(2, id="0" * 32))
+    delivered_as = "0" * 32
+    record = failed(attempt=3, delivery=redelivery(2, id=delivered_as))
     first = route(record, ValueError("again"))
     # The same failure handed off again after a crash: later, with another error text.
     repeat = Router(policy("1s x3"), GROUP, clock=lambda: NOW + 5_000).route(
@@ -157,18 +165,42 @@ def test_a_repeated_hand_off_has_the_same_id_and_each_retry_a_new_one() -> None:
     assert isinstance(first, Retried) and first.request is not None
     assert isinstance(repeat, Retried) and repeat.request is not None
     assert first.request.retry_at != repeat.request.retry_at
-    assert first.request.id == repeat.request.id == request_id(first.request)
-    assert first.request.id != "0" * 32  # not the delivered request's: a new failure
-    # Another attempt, another group or another record: another id.
+    assert first.request.id == repeat.request.id
+    assert first.request.id == failure_request_id(GROUP, 3, ("orders", 1, 42), delivered_as)
+    assert first.request.id != delivered_as  # not the delivered request's: a new failure
+    # The request delivered twice (a crash between its delivery and its bookkeeping),
+    # read at another offset: the same record, so its failure has the same id.
+    again = dataclasses.replace(record, offset=43)
+    assert _id_of(route(again, ValueError("x"))) == first.request.id
+    # Another attempt, another group or another delivery: another id.
     others = [
-        route(failed(attempt=2, delivery=redelivery(1)), ValueError("x")),
-        route(failed(attempt=3, delivery=redelivery(2, original_offset=8)), ValueError("x")),
+        route(failed(attempt=2, delivery=redelivery(1, id=delivered_as)), ValueError("x")),
+        route(failed(attempt=3, delivery=redelivery(2, id="1" * 32)), ValueError("x")),
         Router(policy("1s x3"), "shipping", clock=lambda: NOW).route(
             record, ValueError("x"), retry_to=through(record), dead_letters="d", home="orders"
         ),
     ]
-    ids = {o.request.id for o in others if isinstance(o, Retried) and o.request is not None}
+    ids = {_id_of(o) for o in others}
     assert len(ids) == 3 and first.request.id not in ids
+
+
+@given(
+    original_offset=st.integers(0, 2**63 - 1),
+    offsets=st.lists(st.integers(0, 2**63 - 1), min_size=2, max_size=2, unique=True),
+    attempt=st.integers(1, 3),
+)
+def test_records_that_carry_the_same_original_coordinates_are_different_failures(
+    original_offset: int, offsets: list[int], attempt: int
+) -> None:
+    # Any producer can write redrive's headers, and a stream processor copies them
+    # along: two records read at two places are two failures, whatever their headers
+    # claim, so a receiver does not drop the second as a repeat of the first.
+    forged = redelivery(attempt, original_offset=original_offset)  # no redrive-id
+    one, other = (
+        dataclasses.replace(failed(attempt=attempt + 1, delivery=forged), offset=o) for o in offsets
+    )
+    assert _id_of(route(one, ValueError("x"))) != _id_of(route(other, ValueError("x")))
+    assert _id_of(route(one, ValueError("x"))) == _id_of(route(one, FatalError("y")))
 
 
 def test_a_retry_in_place_writes_nothing_and_counts_from_its_first_failure() -> None:
@@ -201,7 +233,7 @@ def test_a_fatal_error_is_a_dead_letter_with_its_reason() -> None:
     # The failure's id: what a retry of it would carry, so a receiver keeps one of them.
     retry = route(failed(attempt=2, delivery=redelivery(1)), ValueError("passing"))
     assert isinstance(retry, Retried) and retry.request is not None
-    assert headers.id == retry.request.id == request_id(headers)
+    assert headers.id == retry.request.id == failure_request_id(GROUP, 2, ("orders", 1, 42), None)
 
 
 def test_a_spent_policy_is_a_dead_letter() -> None:

@@ -44,7 +44,13 @@ from redrive.consumer.repeats import RecentIds
 from redrive.consumer.routes import Kind, Route
 from redrive.consumer.strategies import Wait
 from redrive.consumer.strategies.pause import Breakers
-from redrive.headers import Header, RetryHeaders, is_redrive_header, request_id
+from redrive.headers import (
+    Header,
+    RetryHeaders,
+    failure_request_id,
+    is_redrive_header,
+    request_id,
+)
 from redrive.kafka import read_headers
 from redrive.policy import DeadLetter, Retry
 from redrive.router import DeadLettered, FailedRecord, Retried, read_delivery
@@ -240,8 +246,14 @@ class Records:
             return False
         # Not its turn: behind the record before it, wherever that one is now.
         place = lines.before(topic, partition, key, offset)
+        # The same delivery, moved: its id, or for one written without (where it was
+        # read names it, not the original coordinates any producer can write).
+        read_at = (message.topic, message.partition, message.offset)
         moved = dataclasses.replace(
-            delivery, retry_at=max(now_ms(), delivery.retry_at + 1), order="behind", id=None
+            delivery,
+            retry_at=max(now_ms(), delivery.retry_at + 1),
+            order="behind",
+            id=delivery.id or failure_request_id(self.group, delivery.attempt, read_at, None),
         )
         self._copy(message, place, moved)
         lines.place(topic, partition, key, offset, place)
@@ -251,7 +263,7 @@ class Records:
 
     def _copy(self, message: Message, tier: str, request: RetryHeaders) -> None:
         """A record of a key's line written to ``tier``, on its partition."""
-        request = dataclasses.replace(request, id=request_id(request))
+        request = dataclasses.replace(request, id=request.id or request_id(request))
         self.publisher.send(
             tier,
             key=message.key,
