@@ -44,7 +44,12 @@ UPFRONT = 2_000  # stored before the first kill, due over the next 3 to 15 s
 STREAM_RATE = 150  # requests a second, each due 0.3 to 2 s after it is made
 STREAM_S = 14.0
 KILLS_AT_S = (4.0, 9.0)  # after the stream started; each restart follows at once
-P99_BOUND_MS = 5_000
+SESSION_TIMEOUT_MS = 45_000  # the broker's default, which the test keeps
+P99_BOUND_MS = SESSION_TIMEOUT_MS // 2
+"""What tells a restart that took its partitions back at once (static membership)
+from one that waited for the killed member's session to time out: the retries due
+meanwhile would be late by up to the session timeout. Not a speed goal: a loaded
+machine slows a restart (a few seconds on a quiet one, see the printed figures)."""
 
 
 def due_of(delivery: Delivery) -> int:
