@@ -33,6 +33,8 @@ from redrive.local.security import LocalSecurity
 
 KAFKA_POM = "kafka-pom.xml"
 HOST = "127.0.0.1"
+SHARE_FEATURE = "share.version=2"
+"""Share groups (level 1) and their dead-letter topics (level 2)."""
 READY_TIMEOUT_S = 90.0
 """A quiet machine's seconds (see redrive.deadlines): more wall time when it is loaded."""
 
@@ -109,8 +111,13 @@ class LocalKafka(LocalServer):
             "offsets.topic.num.partitions": "8",
             "transaction.state.log.replication.factor": "1",
             "transaction.state.log.min.isr": "1",
+            # Share groups keep their state in an internal topic: one broker, one replica.
             "share.coordinator.state.topic.replication.factor": "1",
             "share.coordinator.state.topic.min.isr": "1",
+            # A share group's dead-letter topic (its group config
+            # errors.deadletterqueue.topic.name, named with the broker's prefix, "dlq." by
+            # default) is created on first use, as any topic is on this broker.
+            "errors.deadletterqueue.auto.create.topics.enable": "true",
             # A single local broker: no reason to make the first consumer group wait.
             "group.initial.rebalance.delay.ms": "0",
             "auto.create.topics.enable": "true",
@@ -170,6 +177,9 @@ class LocalKafka(LocalServer):
                     "format",
                     f"--cluster-id={_cluster_id()}",
                     f"--config={self.config_file}",
+                    # Share groups with dead-letter topics: the level Kafka 4.4 formats
+                    # by default, named so that a Kafka without it fails here, loudly.
+                    f"--feature={SHARE_FEATURE}",
                     *(self.security.scram_format_args() if self.security else []),
                 ],
                 capture_output=True,
