@@ -318,6 +318,10 @@ METADATA_NAMES = [
     *(SPRING_PREFIX + n for n in ("key-exception-fqcn", "exception-stacktrace")),
     *(CONNECT_PREFIX + n for n in ("topic", "partition", "offset", "task.id", "stage")),
     *(CONNECT_PREFIX + n for n in ("exception.message", "exception.stacktrace")),
+    *("kafka_original-topic", "kafka_original-offset", "kafka_exception-cause-fqcn"),
+    *("retry_topic-attempts", "retry_topic-original-timestamp"),
+    *("__streams.errors.topic", "__streams.errors.offset", "__streams.errors.exception"),
+    *("__dlq.errors.topic", "__dlq.errors.partition", "__dlq.errors.delivery.count"),
     *ALL_HEADERS,
     DEAD_LETTER_REASON,
 ]
