@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Final
 
-from confluent_kafka import Message
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
 
 from redrive.headers import (
     DESTINATION,
@@ -63,6 +63,8 @@ class Incoming:
     headers: list[Header]
     # What could not be read of the headers (see redrive.kafka.read_headers), if any.
     header_problem: str | None = None
+    timestamp_ms: int | None = None
+    """The message's own timestamp (None: it has none)."""
 
     @classmethod
     def from_message(cls, msg: Message) -> Incoming:
@@ -71,7 +73,9 @@ class Incoming:
         if topic is None or partition is None or offset is None:
             raise ValueError("a message without coordinates is an error event, not a request")
         headers, problem = read_headers(msg)
-        return cls(topic, partition, offset, msg.key(), msg.value(), headers, problem)
+        kind, stamp = msg.timestamp()
+        timestamp = stamp if kind != TIMESTAMP_NOT_AVAILABLE else None
+        return cls(topic, partition, offset, msg.key(), msg.value(), headers, problem, timestamp)
 
     @property
     def coordinates(self) -> RequestCoordinates:

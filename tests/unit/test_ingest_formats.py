@@ -30,14 +30,9 @@ from redrive.reasons import DeadLetterReason as Reason
 from redrive.records import RequestCoordinates
 from redrive.requests import Incoming
 from redrive.router import FailedRecord, Router
-from redrive.service.ingest_formats import (
-    CONNECT_PREFIX,
-    FORMATS,
-    SPRING_PREFIX,
-    Format,
-    IngestedLetter,
-    ingest,
-)
+from redrive.service.ingest import DIALECTS, FORMATS, Format, IngestedLetter, ingest
+from redrive.service.ingest.connect import PREFIX as CONNECT_PREFIX
+from redrive.service.ingest.spring import PREFIX as SPRING_PREFIX
 
 pytestmark = pytest.mark.unit
 
@@ -108,9 +103,8 @@ def test_a_spring_dead_letter_keeps_its_origin_error_and_user_headers() -> None:
     assert (letter.original_partition, letter.original_offset) == (3, 12345)
     assert letter.original_timestamp == 1_700_000_000_000
     assert letter.group == "billing"
-    assert (
-        letter.error_type == "org.springframework.kafka.listener.ListenerExecutionFailedException"
-    )
+    # The root cause's class, not the wrapper's: what operators search by.
+    assert letter.error_type == "java.lang.IllegalStateException"
     assert letter.error_message == "Listener failed; bad item"
     assert letter.error_trace is not None and letter.error_trace.endswith("(A.java:1)")
     assert letter.attempt is None
@@ -324,6 +318,10 @@ METADATA_NAMES = [
     *(SPRING_PREFIX + n for n in ("key-exception-fqcn", "exception-stacktrace")),
     *(CONNECT_PREFIX + n for n in ("topic", "partition", "offset", "task.id", "stage")),
     *(CONNECT_PREFIX + n for n in ("exception.message", "exception.stacktrace")),
+    *("kafka_original-topic", "kafka_original-offset", "kafka_exception-cause-fqcn"),
+    *("retry_topic-attempts", "retry_topic-original-timestamp"),
+    *("__streams.errors.topic", "__streams.errors.offset", "__streams.errors.exception"),
+    *("__dlq.errors.topic", "__dlq.errors.partition", "__dlq.errors.delivery.count"),
     *ALL_HEADERS,
     DEAD_LETTER_REASON,
 ]
@@ -337,12 +335,7 @@ values = st.one_of(
     st.text(max_size=20).map(lambda t: t.encode("utf-8", "surrogatepass")),
     st.sampled_from([b"x" * (MAX_ERROR_TRACE_BYTES + 5), "é".encode() * 2000]),
 )
-METADATA = {
-    "spring": lambda n: n.startswith(SPRING_PREFIX),
-    "connect": lambda n: n.startswith(CONNECT_PREFIX),
-    "redrive": is_redrive_header,
-    "raw": lambda n: False,
-}
+METADATA = {dialect.name: dialect.is_metadata for dialect in DIALECTS}
 
 
 @settings(max_examples=300, deadline=None)

@@ -24,7 +24,7 @@ from pydantic_settings import (
 from redrive.destinations import DestinationAllowlist, check_patterns
 from redrive.errors import ConfigError
 from redrive.headers import MAX_TOPIC_LENGTH, is_topic_name
-from redrive.service.ingest_formats import Format
+from redrive.service.ingest import Format
 from redrive.topic_names import DLQ_TOPIC, REQUESTS_TOPIC
 
 Role = Literal["intake", "scheduler"]
@@ -33,7 +33,7 @@ ALL_ROLES: tuple[Role, ...] = ("intake", "scheduler")
 
 class IngestTopic(BaseModel):
     """A dead-letter topic (or a pattern of them) whose records intake stores as dead
-    letters, read as ``format`` (see :mod:`redrive.service.ingest_formats`)."""
+    letters, read as ``format`` (see :mod:`redrive.service.ingest`)."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -18,7 +18,7 @@ batch is stored. Nothing is dropped and nothing is skipped.
 
 With ``ingest``, intake also reads dead-letter topics of other systems (and of
 redrive's Apps): each record becomes a dead letter of its own
-(:func:`redrive.service.ingest_formats.ingest`), stored in the same batches with
+(:func:`redrive.service.ingest.ingest`), stored in the same batches with
 the same guarantees (the unique index on its DLQ coordinates makes a record read
 twice one dead letter; offsets are committed after the store commit).
 """
@@ -44,7 +44,8 @@ from redrive.records import DeadLetterRecord, PendingRetry, Release
 from redrive.requests import Incoming, IntakeRules, classify
 from redrive.schedules import backoff_delay
 from redrive.service.config import ServiceSettings
-from redrive.service.ingest_formats import ingest
+from redrive.service.ingest import ingest
+from redrive.service.ingest.originals import Originals
 from redrive.service.metrics import ServiceMetrics
 from redrive.service.store import Store, Stored, StoreUnavailable
 from redrive.topic_admin import MetadataUnavailable
@@ -138,6 +139,7 @@ class Intake:
             if (settings.mirror_dead_letters)
             else None
         )
+        self.originals = Originals(kafka_config)
         self.healthy = True
         self._uncommitted: dict[tuple[str, int], int] = {}
         # The batch whose insert runs on the writer thread, until it is finished.
@@ -181,6 +183,7 @@ class Intake:
             writer.shutdown(wait=True)
             self._commit_last()
             self.consumer.close()
+            self.originals.close()
             if self.mirror is not None:
                 self.mirror.flush(10)
                 self.mirror.close()
@@ -307,7 +310,7 @@ class Intake:
                 for item in incoming:
                     if item.topic != requests:  # a dead-letter topic intake ingests
                         read_as = self.settings.ingest_format(item.topic) or "auto"
-                        dead.append(ingest(item, read_as).letter)
+                        dead.append(self.originals.complete(ingest(item, read_as)))
                         continue
                     result = classify(item, self.rules, now)
                     if isinstance(result, PendingRetry):
@@ -331,6 +334,8 @@ class Intake:
         self.metrics.scheduled.inc(stored.inserted)
         for repeat in stored.repeats:
             self.metrics.repeats.labels(repeat_stage(repeat)).inc()
+        for letter in stored.read_again:
+            self.metrics.ingested_again.labels(letter.source.removeprefix("ingest:")).inc()
         for letter in dead:
             if _ingested(letter):
                 self.metrics.ingested.labels(letter.source.removeprefix("ingest:")).inc()

@@ -175,6 +175,13 @@ class ServiceMetrics:
             ["format"],
             registry=r,
         )
+        self.ingested_again = Counter(
+            "redrive_dead_letters_read_again",
+            "Records of dead-letter topics read again (intake stopped before it "
+            "committed them): stored once already, so not counted as ingested, by format.",
+            ["format"],
+            registry=r,
+        )
         self.repeats = Counter(
             "redrive_requests_repeated",
             "Requests dropped because their identity was accepted before (a sender "

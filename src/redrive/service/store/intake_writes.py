@@ -73,6 +73,7 @@ INSERT INTO redrive_dead_letters (
     error_trace, reason_code, reason, source, request_topic, request_partition, request_offset)
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 ON CONFLICT DO NOTHING
+RETURNING 1
 """
 
 
@@ -129,17 +130,20 @@ Accepted = PendingRetry | DeadLetterRecord | Release
 
 @dataclass(frozen=True, slots=True)
 class Stored:
-    """What became of a batch: how many pending rows it added, and the repeats it dropped
-    (requests whose identity was accepted before, or earlier in the batch)."""
+    """What became of a batch: how many pending rows it added, the repeats it dropped
+    (requests whose identity was accepted before, or earlier in the batch), and the
+    ingested letters it had stored before (a dead-letter topic's records read again:
+    intake stopped before it committed them)."""
 
     inserted: int
     repeats: list[Accepted] = field(default_factory=list)
+    read_again: list[DeadLetterRecord] = field(default_factory=list)
 
     def without_repeats(self, records: Sequence[DeadLetterRecord]) -> list[DeadLetterRecord]:
-        """``records`` (the batch's) less those dropped as repeats."""
-        if not self.repeats:
+        """``records`` (the batch's) less those dropped as repeats or read again."""
+        if not self.repeats and not self.read_again:
             return list(records)
-        dropped = {id(record) for record in self.repeats}
+        dropped = {id(record) for record in [*self.repeats, *self.read_again]}
         return [record for record in records if id(record) not in dropped]
 
 
@@ -217,13 +221,27 @@ def insert_batch(
         key_queues.supersede(conn, queues)
         key_queues.release(conn, releases)
         key_queues.advance(conn, [*queues, *(r.queue for r in releases)])
+        read_again: list[DeadLetterRecord] = []
         if dead:
-            cur.executemany(_INSERT_DEAD, [_dead_params(r) for r in dead])
+            dead = _insert_dead(cur, dead, read_again)
         counts = [("scheduled", t, n) for t, n in per_topic([r.destination for r in pending])]
         counts += [("dead_lettered", t, n) for t, n in per_topic([r.topic for r in dead])]
         if counts:
             cur.executemany(COUNT_MINUTE, counts)
-    return Stored(len(pending), repeats)
+    return Stored(len(pending), repeats, read_again)
+
+
+def _insert_dead(
+    cur: psycopg.Cursor[Any], dead: Sequence[DeadLetterRecord], read_again: list[DeadLetterRecord]
+) -> list[DeadLetterRecord]:
+    """Insert the letters; those stored before (the unique index on where they were
+    read: an ingested letter read again) go to ``read_again``. The letters stored."""
+    cur.executemany(_INSERT_DEAD, [_dead_params(r) for r in dead], returning=True)
+    stored: list[DeadLetterRecord] = []
+    for letter in dead:
+        (stored if cur.fetchone() is not None else read_again).append(letter)
+        cur.nextset()
+    return stored
 
 
 def prune_accepted(conn: psycopg.Connection[Any], *, before_ms: int, limit: int) -> int:

@@ -1,0 +1,63 @@
+"""Kafka Connect's ``DeadLetterQueueReporter``, with context headers on.
+
+Its headers are ``__connect.errors.*``, every value UTF-8 text, numbers in decimal.
+Connect writes no original timestamp, but the dead letter keeps the failed record's
+own timestamp: that is the letter's original time.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from redrive.header_fields import FailureHistory
+from redrive.headers import (
+    MAX_ERROR_MESSAGE_BYTES,
+    MAX_ERROR_TRACE_BYTES,
+    MAX_INT32,
+    MAX_INT64,
+    MAX_VALUE_BYTES,
+    Header,
+)
+from redrive.requests import Incoming
+from redrive.service.ingest import reading as r
+from redrive.service.ingest.dialect import Dialect, where
+
+PREFIX: Final = "__connect.errors."
+_ORIGINS: Final = frozenset(f"{PREFIX}{name}" for name in ("topic", "partition", "offset"))
+
+
+def _read(meta: list[Header], incoming: Incoming) -> r.Fields:
+    m = r.Meta(meta, _ORIGINS)
+    topic = m.get(f"{PREFIX}topic", r.topic)
+    context = [
+        f"{label} {r.short(value)}"
+        for label, name in (
+            ("connector", "connector.name"),
+            ("task", "task.id"),
+            ("stage", "stage"),
+        )
+        if (value := m.get(PREFIX + name, r.text(MAX_VALUE_BYTES))) is not None
+    ]
+    history = FailureHistory(
+        original_topic=topic,
+        original_partition=m.get(f"{PREFIX}partition", r.decimal(MAX_INT32)),
+        original_offset=m.get(f"{PREFIX}offset", r.decimal(MAX_INT64)),
+        original_timestamp=r.record_time(incoming.timestamp_ms) if m else None,
+        error_type=m.get(f"{PREFIX}exception.class.name", r.text(MAX_VALUE_BYTES)),
+        error_message=m.get(f"{PREFIX}exception.message", r.text(MAX_ERROR_MESSAGE_BYTES)),
+        error_trace=m.get(f"{PREFIX}exception.stacktrace", r.text(MAX_ERROR_TRACE_BYTES, "end")),
+    )
+    what = "Kafka Connect dead letter" if m else "record without __connect.errors. headers"
+    about = f" ({', '.join(context)})" if context else ""
+    failure = r.failure(history.error_type, history.error_message)
+    return r.Fields(
+        reason=f"{what}{about} ingested from {where(incoming)}{failure}",
+        topic=topic,
+        history=history,
+        unreadable=tuple(m.unreadable),
+    )
+
+
+DIALECT: Final = Dialect(
+    name="connect", is_metadata=r.has_prefix(PREFIX), marks=r.has_prefix(PREFIX), read=_read
+)

@@ -1,0 +1,55 @@
+"""Kafka Streams' dead-letter queue (KIP-1034, Kafka 4.2+,
+``errors.dead.letter.queue.topic.name``).
+
+Its exception handlers write the failed record's key, value and headers with
+``__streams.errors.exception/-message/-stacktrace`` (the exception's class, message
+and trace) and ``__streams.errors.topic/-partition/-offset`` (where it was read), every
+value UTF-8 text, numbers in decimal; the dead letter keeps the record's timestamp.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from redrive.header_fields import FailureHistory
+from redrive.headers import (
+    MAX_ERROR_MESSAGE_BYTES,
+    MAX_ERROR_TRACE_BYTES,
+    MAX_INT32,
+    MAX_INT64,
+    MAX_VALUE_BYTES,
+    Header,
+)
+from redrive.requests import Incoming
+from redrive.service.ingest import reading as r
+from redrive.service.ingest.dialect import Dialect, where
+
+PREFIX: Final = "__streams.errors."
+_ORIGINS: Final = frozenset(f"{PREFIX}{name}" for name in ("topic", "partition", "offset"))
+
+
+def _read(meta: list[Header], incoming: Incoming) -> r.Fields:
+    m = r.Meta(meta, _ORIGINS)
+    topic = m.get(f"{PREFIX}topic", r.topic)
+    history = FailureHistory(
+        original_topic=topic,
+        original_partition=m.get(f"{PREFIX}partition", r.decimal(MAX_INT32)),
+        original_offset=m.get(f"{PREFIX}offset", r.decimal(MAX_INT64)),
+        original_timestamp=r.record_time(incoming.timestamp_ms) if m else None,
+        error_type=m.get(f"{PREFIX}exception", r.text(MAX_VALUE_BYTES)),
+        error_message=m.get(f"{PREFIX}message", r.text(MAX_ERROR_MESSAGE_BYTES)),
+        error_trace=m.get(f"{PREFIX}stacktrace", r.text(MAX_ERROR_TRACE_BYTES, "end")),
+    )
+    what = "Kafka Streams dead letter" if m else "record without __streams.errors. headers"
+    failure = r.failure(history.error_type, history.error_message)
+    return r.Fields(
+        reason=f"{what} ingested from {where(incoming)}{failure}",
+        topic=topic,
+        history=history,
+        unreadable=tuple(m.unreadable),
+    )
+
+
+DIALECT: Final = Dialect(
+    name="streams", is_metadata=r.has_prefix(PREFIX), marks=r.has_prefix(PREFIX), read=_read
+)
