@@ -125,6 +125,9 @@ def serve(
         str | None,
         typer.Option(help="Whole services run side by side as processes, or auto. [1]"),
     ] = None,
+    partitioner: Annotated[
+        str | None, typer.Option(help="Placement by key, e.g. consistent_random. [murmur2_random]")
+    ] = None,
 ) -> None:
     """Run the retry service: intake, scheduler and the dead-letter store.
 
@@ -144,6 +147,7 @@ def serve(
         roles=role or None,
         allowed_destinations=allow or None,
         workers=workers,
+        partitioner=partitioner,
     )
     configure(settings.log_format)
     service = RetryService(_on_local_stack(settings))
