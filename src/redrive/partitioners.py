@@ -71,6 +71,19 @@ def partitioner_named(value: object, setting: str) -> Partitioner:
     )
 
 
+def java_sink_places(partitioner: Partitioner, setting: str) -> None:
+    """Spark's Kafka sink is the Java producer, which places by murmur2 (a record
+    without a key spread): ``murmur2_random`` here. A ConfigError naming ``setting``
+    if it was asked to place otherwise, which it cannot."""
+    if partitioner is not Partitioner.MURMUR2_RANDOM:
+        raise ConfigError(
+            setting,
+            f"{partitioner.value!r}: Spark's Kafka sink is the Java producer, which "
+            "places keys with murmur2 only (murmur2_random)",
+            "leave it unset, or set murmur2_random, for the Spark commands",
+        )
+
+
 def raw_partitioner(config: Mapping[str, Any]) -> str | None:
     """The librdkafka setting in ``config`` that would choose the partitioner, if any
     (also inside the deprecated ``default.topic.config``)."""

@@ -7,6 +7,7 @@ Where the producers then put records is the integration tests' business
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import get_args
 
@@ -19,6 +20,7 @@ from redrive.partitioners import (
     DEFAULT_PARTITIONER,
     Partitioner,
     PartitionerName,
+    java_sink_places,
     partitioner_named,
     placed_by,
     raw_partitioner,
@@ -26,6 +28,8 @@ from redrive.partitioners import (
 from redrive.service.config import ServiceSettings, load_settings
 
 pytestmark = pytest.mark.unit
+
+SERVICE_DOC = Path(__file__).resolve().parents[2] / "docs" / "retry-service.md"
 
 
 @pytest.fixture(autouse=True)
@@ -35,6 +39,8 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in list(os.environ):
         if name.startswith("REDRIVE_"):
             monkeypatch.delenv(name)
+    # load_settings(file) names the file in REDRIVE_CONFIG: undone after the test.
+    monkeypatch.setenv("REDRIVE_CONFIG", "")
 
 
 def test_the_names_are_the_members_and_the_default_is_javas() -> None:
@@ -119,3 +125,43 @@ def test_the_service_refuses_a_raw_partitioner_among_client_settings(
         load_settings()
     assert info.value.setting == f"{variable.removeprefix('REDRIVE_').lower()} ({variable})"
     assert "REDRIVE_PARTITIONER" in info.value.problem
+
+
+def test_the_spark_commands_refuse_a_placement_the_java_producer_cannot_follow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    java_sink_places(Partitioner.MURMUR2_RANDOM, "here")  # Java's own: nothing to say
+    with pytest.raises(ConfigError) as info:
+        java_sink_places(Partitioner.MURMUR2, "here")
+    assert info.value.setting == "here" and "murmur2_random" in info.value.fix
+    # The Spark commands read the service's settings: its partitioner is checked first.
+    from typer.testing import CliRunner
+
+    from redrive.cli import app
+
+    monkeypatch.setenv("REDRIVE_PARTITIONER", "consistent_random")
+    checkpoint = str(tmp_path / "checkpoint")
+    args = ["spark", "scheduler", "--checkpoint", checkpoint, "--bootstrap", "127.0.0.1:1"]
+    result = CliRunner().invoke(app, args)
+    assert isinstance(result.exception, ConfigError), result.output
+    assert result.exception.setting == "partitioner (REDRIVE_PARTITIONER)"
+    assert "'consistent_random'" in result.exception.problem
+
+
+def test_the_service_docs_examples_configure_and_refuse_what_they_say(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    section = SERVICE_DOC.read_text().split("\n## Where records land\n", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    [yaml] = re.findall(r"```yaml\n(.*?)```", section, flags=re.DOTALL)
+    config = tmp_path / "redrive.yaml"
+    config.write_text(yaml)
+    assert load_settings(config).partitioner is Partitioner.CONSISTENT_RANDOM
+    [console] = re.findall(r"```console\n(.*?)```", section, flags=re.DOTALL)
+    command, *printed = console.splitlines()
+    assert command == "$ REDRIVE_PARTITIONER=crc32 redrive serve"
+    monkeypatch.delenv("REDRIVE_CONFIG", raising=False)
+    monkeypatch.setenv("REDRIVE_PARTITIONER", "crc32")
+    with pytest.raises(ConfigError) as info:
+        load_settings()
+    assert printed == f"redrive: {info.value}".splitlines()  # as `redrive serve` prints it
