@@ -148,7 +148,11 @@ def test_a_letter_replayed_to_its_topic_goes_back_to_its_partition_byte_for_byte
         for i, key in enumerate(apart.keys)
     ]
     letters.append(Letter(None, b"no key", 4))  # no key to place it by: its partition
-    replay(env, make_letters(env, letters))
+    ids = make_letters(env, letters)
+    page = env.api.get(f"/dead-letters/{ids[0]}")  # the UI says where a replay lands
+    assert page.status_code == 200, page.text
+    assert f"it goes back to partition {letters[0].partition}, where" in page.text
+    replay(env, ids)
     got = arrivals(env.bootstrap, env.orders, len(letters))
     for letter in letters:
         arrived = got[letter.value]
