@@ -1,4 +1,5 @@
-"""Where librdkafka's partitioners put keys: what the placement tests compare with.
+"""Where librdkafka's partitioners put keys: what the placement tests compare with;
+and where records landed.
 
 A producer configured with the partitioner writes the keys to a topic of its own with
 as many partitions, and its delivery reports say where each went: librdkafka hashes
@@ -15,8 +16,10 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from redrive.deadlines import Deadline
 from redrive.partitioners import Partitioner, placed_by
 from tests.conftest import wait_for_topics
+from tests.integration.service_harness import Collector, Delivery
 
 JAVA = Partitioner.MURMUR2_RANDOM
 LIBRDKAFKA = Partitioner.CONSISTENT_RANDOM
@@ -72,3 +75,19 @@ def keys_apart(bootstrap: str, partitions: int, count: int, prefix: str) -> Keys
     keys = [k for k in candidates if java[k] != librdkafka[k]][:count]
     assert len(keys) == count, f"only {len(keys)} of {len(candidates)} keys placed apart"
     return KeysApart(keys, {k: java[k] for k in keys}, {k: librdkafka[k] for k in keys})
+
+
+def landed(bootstrap: str, topic: str, count: int, timeout_s: float = 30) -> list[Delivery]:
+    """The ``count`` records written to ``topic`` (read committed), waited for with a
+    deadline; and no other within a second after."""
+    collector = Collector(bootstrap, topic)
+    try:
+        deadline = Deadline(timeout_s)
+        while len(collector.received) < count and not deadline.passed():
+            collector.poll_until(count, 0.5)
+        got = collector.received
+        assert len(got) == count, f"{len(got)} of {count} records in {topic} after {timeout_s} s"
+        assert len(collector.poll_until(count + 1, 1)) == count, f"more than {count} in {topic}"
+    finally:
+        collector.close()
+    return got

@@ -18,9 +18,8 @@ import pytest
 from redrive import App, FatalError, Message
 from redrive.partitioners import DEFAULT_PARTITIONER, Partitioner
 from tests.integration.consumer_harness import docs_example, running_app, running_example
-from tests.integration.placement import KeysApart, keys_apart
+from tests.integration.placement import KeysApart, keys_apart, landed
 from tests.integration.service_harness import (
-    Collector,
     Delivery,
     dead_letters,
     fresh_database,
@@ -35,16 +34,6 @@ from tests.integration.service_harness import (
 pytestmark = pytest.mark.integration
 
 PARTITIONS = 6
-
-
-def arrivals(bootstrap: str, topic: str, count: int) -> list[Delivery]:
-    collector = Collector(bootstrap, topic)
-    try:
-        got = collector.poll_until(count, 60)
-    finally:
-        collector.close()
-    assert len(got) == count, f"{len(got)} of {count} records arrived in {topic}"
-    return got
 
 
 def expected(apart: KeysApart, partitioner: Partitioner) -> dict[bytes, int]:
@@ -92,7 +81,7 @@ def test_the_services_producers_place_by_its_partitioner(
                 for key in apart.keys
             ],
         )
-        assert_placed(arrivals(bootstrap, orders, len(apart.keys)), apart, chosen)
+        assert_placed(landed(bootstrap, orders, len(apart.keys)), apart, chosen)
         # Dead letters: intake mirrors each as it stores it.
         produce(
             bootstrap,
@@ -109,7 +98,7 @@ def test_the_services_producers_place_by_its_partitioner(
                 for offset, key in enumerate(apart.keys)
             ],
         )  # fmt: skip
-        assert_placed(arrivals(bootstrap, mirror, len(apart.keys)), apart, chosen)
+        assert_placed(landed(bootstrap, mirror, len(apart.keys)), apart, chosen)
         # Replayed to another topic, one alone and the rest by a job.
         db = service.database_url
         wait_until(lambda: len(dead_letters(db)) == len(apart.keys), 30, "the dead letters")
@@ -123,14 +112,14 @@ def test_the_services_producers_place_by_its_partitioner(
                 "/api/v1/dead-letters/replay", headers=operator, json={"ids": ids[1:], **body}
             )
             assert job.status_code == 202, job.text
-            assert_placed(arrivals(bootstrap, other, len(apart.keys)), apart, chosen)
+            assert_placed(landed(bootstrap, other, len(apart.keys)), apart, chosen)
 
 
 def dead_letters_of(bootstrap: str, topic: str, keys: list[bytes]) -> list[Delivery]:
     """Records of ``keys`` written to partition 0 of ``topic``, which a running App
     makes dead letters: the dead letters, as they arrive in ``<topic>.dlq``."""
     produce(bootstrap, topic, [{"key": k, "value": b"x", "partition": 0} for k in keys])
-    return arrivals(bootstrap, f"{topic}.dlq", len(keys))
+    return landed(bootstrap, f"{topic}.dlq", len(keys))
 
 
 def test_the_apps_dead_letters_are_placed_by_key_the_java_way_by_default(

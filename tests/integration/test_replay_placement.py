@@ -21,9 +21,8 @@ import pytest
 from redrive.deadlines import Deadline
 from redrive.headers import Header
 from redrive.service.service import RetryService
-from tests.integration.placement import KeysApart, keys_apart
+from tests.integration.placement import KeysApart, keys_apart, landed
 from tests.integration.service_harness import (
-    Collector,
     Delivery,
     dead_letters,
     fresh_database,
@@ -128,15 +127,8 @@ def replay(env: Env, ids: list[int], destination: str | None = None) -> None:
 
 
 def arrivals(bootstrap: str, topic: str, count: int) -> dict[bytes, Delivery]:
-    """The first ``count`` records of ``topic`` by value, and nothing more within 1 s."""
-    collector = Collector(bootstrap, topic)
-    try:
-        got = collector.poll_until(count, 30)
-        assert len(got) == count, f"{len(got)} of {count} replayed letters arrived"
-        assert len(collector.poll_until(count + 1, 1)) == count, "more than were replayed"
-    finally:
-        collector.close()
-    return {d.value: d for d in got if d.value is not None}
+    """The ``count`` records replayed to ``topic``, by value."""
+    return {d.value: d for d in landed(bootstrap, topic, count) if d.value is not None}
 
 
 def test_a_letter_replayed_to_its_topic_goes_back_to_its_partition_byte_for_byte(
