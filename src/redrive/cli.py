@@ -125,6 +125,9 @@ def serve(
         str | None,
         typer.Option(help="Whole services run side by side as processes, or auto. [1]"),
     ] = None,
+    partitioner: Annotated[
+        str | None, typer.Option(help="Placement by key, e.g. consistent_random. [murmur2_random]")
+    ] = None,
 ) -> None:
     """Run the retry service: intake, scheduler and the dead-letter store.
 
@@ -144,6 +147,7 @@ def serve(
         roles=role or None,
         allowed_destinations=allow or None,
         workers=workers,
+        partitioner=partitioner,
     )
     configure(settings.log_format)
     service = RetryService(_on_local_stack(settings))
@@ -223,10 +227,12 @@ ConfigOption = Annotated[
 def _spark_broker(config: Path | None, bootstrap: str | None) -> tuple[ServiceSettings, str]:
     """The Spark commands' Kafka: the retry service's settings (--config, REDRIVE_*),
     with --bootstrap over them; no bootstrap anywhere: the local stack's broker,
-    started if needed."""
+    started if needed. A partitioner Spark's Kafka sink cannot follow is refused."""
+    from redrive.partitioners import java_sink_places
     from redrive.service.config import load_settings
 
     settings = load_settings(config, bootstrap=bootstrap)
+    java_sink_places(settings.partitioner, "partitioner (REDRIVE_PARTITIONER)")
     resolved = settings.bootstrap
     if resolved is None:
         from redrive.local import LocalStack

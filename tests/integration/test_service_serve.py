@@ -110,6 +110,8 @@ def test_serve_without_settings_uses_the_local_stack_and_says_where_it_listens(
         ({"REDRIVE_REQUESTS_TOPIC": "bad topic!"}, "requests_topic (REDRIVE_REQUESTS_TOPIC)"),
         ({"REDRIVE_ROLES": '["intake", "juggler"]'}, "roles"),
         ({"REDRIVE_WORKERS": "0"}, "workers (REDRIVE_WORKERS)"),
+        ({"REDRIVE_PARTITIONER": "crc32"}, "partitioner (REDRIVE_PARTITIONER)"),
+        ({"REDRIVE_KAFKA": '{"partitioner": "random"}'}, "kafka (REDRIVE_KAFKA)"),
         ({"REDRIVE_ALLOWED_DESTINATIONS": '["ok", "no spaces"]'}, "allowed_destinations"),
         ({"REDRIVE_INGEST": '[{"topic": "no spaces!"}]'}, "ingest.0.topic (REDRIVE_INGEST)"),
         ({"REDRIVE_INGEST": '[{"topic": "t", "format": "xml"}]'}, "ingest.0.format"),
@@ -127,11 +129,19 @@ def test_serve_without_settings_uses_the_local_stack_and_says_where_it_listens(
     ],
 )
 def test_a_bad_setting_stops_start_up_naming_it(env: dict[str, str], expected: str) -> None:
+    assert_refused(env, (), expected)
+
+
+def test_a_bad_partitioner_option_stops_start_up_naming_it() -> None:
+    assert_refused({}, ("--partitioner", "crc32"), "partitioner (REDRIVE_PARTITIONER)")
+
+
+def assert_refused(env: dict[str, str], args: tuple[str, ...], expected: str) -> None:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("REDRIVE_")}
     # Any free HTTP port: 8080 may be taken (another test's service), and a taken port
     # is refused first, naming that setting instead.
     result = subprocess.run(
-        [sys.executable, "-m", "redrive.cli", "serve"],
+        [sys.executable, "-m", "redrive.cli", "serve", *args],
         env={**clean, "REDRIVE_HTTP_PORT": "0", **env},
         capture_output=True,
         text=True,

@@ -21,6 +21,7 @@ from redrive.headers import DEAD_LETTER_REASON, Header, RetryHeaders, encode, re
 from redrive.spark.repeats import repeats_dropped
 from redrive.spark.scheduler import build_scheduler_query
 from redrive.spark.session import spark_session
+from tests.integration.placement import keys_apart
 from tests.integration.service_harness import now_ms, produce, request_headers
 from tests.spark import Received, TopicReader, create_topics, stop_spark, unique
 
@@ -79,9 +80,12 @@ class Scheduler:
     """An allowed destination that accepts record batches of SMALL_TOPIC_BYTES at most."""
     compacted: str
     """An allowed destination with cleanup.policy=compact (no record without a key)."""
+    placed: str
+    """An allowed destination of PLACED_PARTITIONS, for where keys land."""
 
 
 SMALL_TOPIC_BYTES = 1024
+PLACED_PARTITIONS = 6
 
 
 @pytest.fixture(scope="module")
@@ -95,6 +99,8 @@ def scheduler(
     small, compacted = unique("ok-small"), unique("ok-compacted")
     create_topics(bootstrap, small, config={"max.message.bytes": str(SMALL_TOPIC_BYTES)})
     create_topics(bootstrap, compacted, config={"cleanup.policy": "compact"})
+    placed = unique("ok-placed")
+    create_topics(bootstrap, placed, partitions=PLACED_PARTITIONS)
     query = build_scheduler_query(
         spark,
         bootstrap=bootstrap,
@@ -105,7 +111,7 @@ def scheduler(
         trigger_interval="500 milliseconds",
     )
     wait_until_running(query)
-    yield Scheduler(query, bootstrap, requests, dlq, destinations, small, compacted)
+    yield Scheduler(query, bootstrap, requests, dlq, destinations, small, compacted, placed)
     query.stop()
 
 
@@ -155,6 +161,27 @@ def test_requests_are_delivered_when_due_never_before(scheduler: Scheduler) -> N
         lateness.append(message.timestamp_ms - retry_at)
     print(f"delivery after due: min {min(lateness)} ms, max {max(lateness)} ms")
     assert scheduler.query.isActive
+
+
+def test_a_delivery_without_a_partition_is_placed_by_key_the_java_way(
+    scheduler: Scheduler,
+) -> None:
+    """Spark's Kafka sink is the Java producer, and redrive leaves its partitioner as
+    it is: a key lands where librdkafka's murmur2_random puts it (which the retry
+    service and the App use by default), not where librdkafka's default would."""
+    apart = keys_apart(scheduler.bootstrap, PLACED_PARTITIONS, 12, "spark")
+    reader = TopicReader(scheduler.bootstrap, [scheduler.placed])
+    produce(
+        scheduler.bootstrap,
+        scheduler.requests_topic,
+        [
+            {"key": key, "value": b"v", "headers": request_headers(scheduler.placed, now_ms())}
+            for key in apart.keys
+        ],
+    )
+    got = reader.wait_for(len(apart.keys), timeout_s=120)
+    reader.close()
+    assert {r.key: r.partition for r in got} == apart.java
 
 
 def test_invalid_requests_become_dead_letters_and_the_query_keeps_running(

@@ -23,7 +23,6 @@ from redrive.headers import (
     Header,
     RetryHeaders,
     encode,
-    is_redrive_header,
 )
 from redrive.policy import FatalError, policy
 from redrive.reasons import DeadLetterReason as Reason

@@ -50,7 +50,7 @@ from redrive.consumer.batches import (
     BatchSettings,
     batch_settings,
 )
-from redrive.consumer.clients import make_consumer, make_producer
+from redrive.consumer.clients import chosen_partitioner, make_consumer, make_producer
 from redrive.consumer.errors import (
     DeserializationError,
     UnprocessableRecordError,
@@ -75,6 +75,7 @@ from redrive.consumer.topics import create_derived_topics
 from redrive.consumer.transactions import Aborted, Transactions, transactional_id
 from redrive.errors import ConfigError
 from redrive.membership import fatal_group_error, static_membership
+from redrive.partitioners import DEFAULT_PARTITIONER, Partitioner, PartitionerName
 from redrive.topic_names import REQUESTS_TOPIC
 
 __all__ = [
@@ -122,6 +123,10 @@ class App:
     twice (see :mod:`redrive.consumer.transactions`). With ``instance_id``, the
     ``transactional.id`` is stable across restarts.
 
+    ``partitioner`` places what the App writes without a partition (retry requests,
+    dead letters) by key: ``"murmur2_random"``, the Java producer's placement, unless
+    told otherwise (:class:`redrive.partitioners.Partitioner`; not in ``kafka``).
+
     ``repeat_window``: how many ``redrive-id`` of redelivered records handled lately
     the App remembers, to skip a repeat delivery of one (0: none); see
     :mod:`redrive.consumer.repeats`.
@@ -148,6 +153,7 @@ class App:
         batch_size: int = 500,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         transactional: bool = False,
+        partitioner: Partitioner | PartitionerName = DEFAULT_PARTITIONER,
         repeat_window: int = DEFAULT_REPEAT_WINDOW,
         commit_interval_s: float = 1.0,
         poll_timeout_s: float = 0.1,
@@ -164,6 +170,7 @@ class App:
         self.bootstrap = bootstrap or os.environ.get("REDRIVE_BOOTSTRAP", "localhost:9092")
         self.group = group
         self.kafka = dict(kafka or {})
+        self.partitioner = chosen_partitioner(partitioner, self.kafka)
         self.consumer_kafka = {**static_membership(instance_id), **(consumer_kafka or {})}
         self.requests_topic = requests_topic or os.environ.get(
             "REDRIVE_REQUESTS_TOPIC", REQUESTS_TOPIC
@@ -365,6 +372,7 @@ class App:
             admin,
             config,
             self._reads,
+            self.partitioner,
             transactional_id(self.group, self._instance_id) if self.transactional else None,
         )
         self._consumer = consumer

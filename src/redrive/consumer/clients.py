@@ -4,7 +4,8 @@ The consumer never commits on its own (``enable.auto.commit`` and
 ``enable.auto.offset.store`` off, whatever the user's settings): the App commits only
 past records dealt with. The producer is idempotent and takes the largest size limit
 of the topics the App reads, so that a record a topic accepted can be handed to its
-retry or dead-letter topic (see :mod:`redrive.sizes`).
+retry or dead-letter topic (see :mod:`redrive.sizes`), and places what it writes by
+key as the App's ``partitioner`` says (see :mod:`redrive.partitioners`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,11 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from redrive.errors import ConfigError
+from redrive.partitioners import Partitioner, partitioner_named, placed_by, raw_partitioner
 from redrive.sizes import producer_size_limit
+
+PARTITIONER_SETTING = "App(partitioner=...)"
 
 
 def make_consumer(
@@ -46,10 +51,22 @@ def make_consumer(
     )
 
 
+def chosen_partitioner(partitioner: object, kafka: Mapping[str, Any]) -> Partitioner:
+    """The App's partitioner, given once: as ``partitioner``, never in ``kafka``."""
+    if (raw := raw_partitioner(kafka)) is not None:
+        raise ConfigError(
+            "App(kafka=...)",
+            f"names librdkafka's {raw!r}, which App(partitioner=...) chooses",
+            f"leave it out of kafka and pass {PARTITIONER_SETTING}",
+        )
+    return partitioner_named(partitioner, PARTITIONER_SETTING)
+
+
 def make_producer(
     admin: AdminClient,
     config: Mapping[str, Any],
     reads: Iterable[str],
+    partitioner: Partitioner,
     transactional_id: str | None = None,
 ) -> Producer:
     """``transactional_id``: the App hands off in transactions
@@ -58,5 +75,12 @@ def make_producer(
     size_limit = producer_size_limit(admin, reads)
     transactional = {} if transactional_id is None else {"transactional.id": transactional_id}
     return Producer(
-        {**size_limit, **config, "enable.idempotence": True, "linger.ms": 5, **transactional}
+        {
+            **size_limit,
+            **config,
+            "enable.idempotence": True,
+            "linger.ms": 5,
+            **placed_by(partitioner),
+            **transactional,
+        }
     )

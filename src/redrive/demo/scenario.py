@@ -59,6 +59,7 @@ from redrive.demo.spark_engine import (
 from redrive.demo.store import SPARK_TABLE
 from redrive.local import LocalStack, StackStatus
 from redrive.logs import configure
+from redrive.partitioners import DEFAULT_PARTITIONER, placed_by
 from redrive.policy import Policy, policy
 from redrive.ports import free_port, port_in_use
 from redrive.service.config import ServiceSettings
@@ -425,7 +426,12 @@ def run(*, oneshot: bool = False) -> int:
         items_url = f"http://127.0.0.1:{items_port}"
         _introduce(service_url, items_url, running.engine)
 
-        producer = Producer(with_client_logs({"bootstrap.servers": status.bootstrap}))
+        # The items' events are keyed by item: placed as the App's own hand-offs are.
+        producer = Producer(
+            with_client_logs(
+                {"bootstrap.servers": status.bootstrap, **placed_by(DEFAULT_PARTITIONER)}
+            )
+        )
         running.producers.append(producer)
         assert service.store is not None  # started above
         outcomes = _play(

@@ -225,7 +225,7 @@ class OperatorActions:
             raise ActionRefused(400, "nothing to replay: no dead letter matches")
         try:
             for row in rows:
-                self._replayer.destination_of(row, body.destination)
+                self._replayer.target_of(row, body.destination)
         except ReplayRefused as exc:
             raise ActionRefused(400, str(exc)) from None
         ids = [int(r["id"]) for r in rows]

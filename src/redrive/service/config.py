@@ -24,6 +24,7 @@ from pydantic_settings import (
 from redrive.destinations import DestinationAllowlist, check_patterns
 from redrive.errors import ConfigError
 from redrive.headers import MAX_TOPIC_LENGTH, is_topic_name
+from redrive.partitioners import DEFAULT_PARTITIONER, Partitioner, raw_partitioner
 from redrive.service.ingest import Format
 from redrive.topic_names import DLQ_TOPIC, REQUESTS_TOPIC
 
@@ -91,6 +92,14 @@ class ServiceSettings(BaseSettings):
         default_factory=dict,
         description="librdkafka settings for the scheduler's producer only (e.g. "
         "compression.type, linger.ms).",
+    )
+    partitioner: Partitioner = Field(
+        DEFAULT_PARTITIONER,
+        description="How the service's producers place a record that names no partition "
+        "(a retry without redrive-partition, a replay to another topic, a mirrored dead "
+        "letter): by its key, as the Java producer does (murmur2_random), or as "
+        "librdkafka does by default (consistent_random); also murmur2, consistent, "
+        "fnv1a_random, fnv1a.",
     )
     requests_topic: str = REQUESTS_TOPIC
     dlq_topic: str = DLQ_TOPIC
@@ -209,6 +218,17 @@ class ServiceSettings(BaseSettings):
     def _topic_name(cls, value: str) -> str:
         if not is_topic_name(value):
             raise ValueError(f"{value!r} is not a legal Kafka topic name")
+        return value
+
+    @field_validator("kafka", "scheduler_kafka")
+    @classmethod
+    def _no_raw_partitioner(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # One way to choose it: two could disagree, and which won would be luck.
+        if (raw := raw_partitioner(value)) is not None:
+            raise ValueError(
+                f"names librdkafka's {raw!r}: set the partitioner setting "
+                "(REDRIVE_PARTITIONER) instead"
+            )
         return value
 
     @field_validator("workers", mode="before")

@@ -6,6 +6,12 @@ attempt count. The destination must pass the same allowlist as retry requests an
 exist: an operator cannot use replay to write where a request could not. A message
 counts only once the broker acknowledged it. Bulk replays run as paced background
 jobs (:mod:`redrive.service.replay_jobs`) that build their messages the same way.
+
+Where a replay lands: back on the partition the letter was read from, when it goes
+to the topic it was read from and that topic still has that partition, so that it
+rejoins its key's records, wherever they were placed and by whichever producer;
+anywhere else by its key, as the service's producers place every record
+(:mod:`redrive.partitioners`).
 """
 
 from __future__ import annotations
@@ -47,6 +53,23 @@ def replayed_message(
     return value, headers
 
 
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where one letter is replayed: ``topic``, at ``partition`` (None: by its key)."""
+
+    topic: str
+    partition: int | None
+
+
+def original_partition(row: dict[str, Any], topic: str, partitions: int) -> int | None:
+    """The partition the letter was read from, if it is replayed to the topic it was
+    read from and that topic (of ``partitions`` now) still has it; else None."""
+    partition = row.get("original_partition")
+    if partition is None or topic != row.get("original_topic"):
+        return None
+    return int(partition) if 0 <= partition < partitions else None
+
+
 class Replayer:
     def __init__(
         self,
@@ -58,22 +81,25 @@ class Replayer:
         self._allowed = destination_allowed
         self._partitions_of = partitions_of
 
-    def destination_of(self, row: dict[str, Any], override: str | None) -> str:
+    def target_of(self, row: dict[str, Any], override: str | None) -> Target:
+        """Where the letter goes (``override``, else its topic), checked; refused with
+        ReplayRefused if it may not go there."""
         destination = override or row.get("topic") or row.get("original_topic")
         if not destination:
             raise ReplayRefused(f"dead letter {row['id']} has no topic; name a destination")
         if not self._allowed(destination):
             raise ReplayRefused(f"destination not allowed: {destination!r} is not in the allowlist")
-        if self._partitions_of(destination) is None:
+        partitions = self._partitions_of(destination)
+        if partitions is None:
             raise ReplayRefused(f"destination topic {destination!r} does not exist")
-        return str(destination)
+        return Target(str(destination), original_partition(row, destination, partitions))
 
     def replay(
         self, row: dict[str, Any], *, destination: str | None = None, edit: Edit | None = None
     ) -> bool:
         """Send one dead letter (bulk replays are jobs: :mod:`.replay_jobs`); True once
         the broker acknowledged it. Checks the destination before sending."""
-        target = self.destination_of(row, destination)
+        target = self.target_of(row, destination)
         value, headers = replayed_message(row, edit)
         acked: list[bool] = []
 
@@ -82,11 +108,12 @@ class Replayer:
 
         produce_patiently(
             self._producer,
-            target,
+            target.topic,
             key=row["msg_key"],
             value=value,
             headers=headers,
             on_delivery=done,
+            partition=target.partition,
         )
         self._producer.flush(30)
         return acked == [True]

@@ -211,7 +211,7 @@ class ReplayJobRunner:
         for row in rows:
             letter = int(row["id"])
             try:
-                target = self._replayer.destination_of(row, job["destination"])
+                target = self._replayer.target_of(row, job["destination"])
             except ReplayRefused as exc:  # its topic was deleted since the job began
                 batch.refused[letter] = str(exc)
                 continue
@@ -229,11 +229,12 @@ class ReplayJobRunner:
             try:
                 produce_patiently(
                     producer,
-                    target,
+                    target.topic,
                     key=row["msg_key"],
                     value=value,
                     headers=headers,
                     on_delivery=done,
+                    partition=target.partition,
                 )
             except KafkaException as exc:  # refused before sending (too large...)
                 batch.refused[letter] = str(exc.args[0].str())

@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry
 from redrive import __version__
 from redrive.client_logs import with_client_logs
 from redrive.errors import ConfigError
+from redrive.partitioners import placed_by
 from redrive.ports import listener_of, port_in_use
 from redrive.requests import IntakeRules
 from redrive.service.auth import Tokens
@@ -141,7 +142,13 @@ class RetryService:
         metadata = TopicMetadata(admin)
         self.operations = Operations(self.store)
         self.tokens = Tokens(self.store)
-        producer_config = {**self.kafka_config, **self._producer_limit(admin)}
+        # Every producer of the service (scheduler, replays, replay jobs, the mirror)
+        # is made from this: one size limit, one placement by key.
+        producer_config = {
+            **self.kafka_config,
+            **self._producer_limit(admin),
+            **placed_by(s.partitioner),
+        }
         self._replay_producer = Producer({**producer_config, "enable.idempotence": True})
         self.replayer = Replayer(
             self._replay_producer, s.destination_allowed, metadata.partitions_of
@@ -206,6 +213,7 @@ class RetryService:
             http=f"http://{s.http_host}:{self.http_port}",
             group_instance_id=s.group_instance_id() if "intake" in s.roles else None,
             producer_max_message_bytes=producer_config.get("message.max.bytes"),
+            partitioner=s.partitioner.value,
         )
 
     def _start_workers(self) -> None:
