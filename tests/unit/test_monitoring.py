@@ -86,6 +86,7 @@ def registries() -> list[CollectorRegistry]:
     service.store_errors.labels(operation="insert").inc()
     service.delivery_errors.labels(error="timeout").inc()
     service.ingested.labels(format="spring").inc()
+    service.ingested_again.labels(format="spring").inc()
     service.repeats.labels(stage="retry").inc()
     consumer = ConsumerMetrics()
     consumer.records.labels(topic="orders", outcome="handled").inc()
