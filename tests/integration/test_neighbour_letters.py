@@ -159,7 +159,7 @@ def test_a_java_producers_keys_are_placed_as_java_places_them(
     partitions) each lands where the Java producer puts its key there."""
     orders = create_topic(bootstrap, unique("java-orders"), partitions=3)
     elsewhere = create_topic(bootstrap, unique("java-elsewhere"), partitions=5)
-    keys = ["order-1", "order-17", "b", "customer-42", "x" * 33]
+    keys = ["order-1", "order-17", "b", "customer-42", "x" * 33, ""]
     pairs = [f"{key}=v{i}" for i, key in enumerate(keys)]
     placed: dict[str, dict[str, int]] = {}
     java_wrote: set[tuple[int, int]] = set()  # (partition, offset) of `elsewhere`
