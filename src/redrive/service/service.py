@@ -93,7 +93,16 @@ class RetryService:
         return with_client_logs({"bootstrap.servers": self.bootstrap, **self.settings.kafka})
 
     def start(self) -> None:
-        """Connect, migrate, create topics, start the roles; return once they run."""
+        """Connect, migrate, create topics, start the roles; return once they run.
+        If it cannot, what it started is stopped before the error is raised: a program
+        that embeds the service is left with no thread or connection of it."""
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
         s = self.settings
         if s.http_port and port_in_use(s.http_port, s.http_host):
             raise ConfigError(
