@@ -83,14 +83,24 @@ class StoreGuard:
     def check(self, kafka_config: Mapping[str, Any]) -> None:
         """At start-up: raise a ConfigError if the group reads into another store."""
         consumer = Consumer({**kafka_config, "group.id": self.group, "enable.auto.commit": False})
+        deadline = time.monotonic() + START_TIMEOUT_S
+        attempt = 0
         try:
-            marks, _ = self._read(consumer, [], START_TIMEOUT_S)
-        except KafkaException as exc:
-            raise ConfigError(
-                "bootstrap (REDRIVE_BOOTSTRAP)",
-                f"cannot read the committed offsets of consumer group {self.group!r}: {exc}",
-                "check that the broker is reachable and the kafka settings are right",
-            ) from None
+            while True:
+                try:
+                    marks, _ = self._read(consumer, [], _CALL_TIMEOUT_S)
+                    break
+                except KafkaException as exc:
+                    # A broker just started answers NOT_COORDINATOR for a while.
+                    attempt += 1
+                    if time.monotonic() > deadline:
+                        raise ConfigError(
+                            "bootstrap (REDRIVE_BOOTSTRAP)",
+                            f"cannot read the committed offsets of consumer group "
+                            f"{self.group!r} within {START_TIMEOUT_S:.0f} s: {exc}",
+                            "check that the broker is reachable and the kafka settings are right",
+                        ) from None
+                    time.sleep(backoff_delay(attempt, 0.2, 2.0))
         finally:
             consumer.close()
         other = group_marks.other_store(marks, self.store, now_ms())
