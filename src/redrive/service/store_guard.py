@@ -260,13 +260,19 @@ class StoreGuard:
             other_settled=other.settled,
             partitions=where,
         )
-        return ConfigError(
-            SETTINGS,
-            problem,
+        fix = (
             f"to share the work of the services on store {other.store}, set database_url "
             "to their database; to run a service of its own, give it a requests_topic "
-            "and a group_id of its own (and point its senders at that topic)",
+            "and a group_id of its own (and point its senders at that topic)"
         )
+        if other.settled:
+            # The way to start a store over on a new database, stated on purpose.
+            fix += (
+                f"; if store {other.store} is retired and this database replaces it, "
+                f"give this database its identity (with its services stopped): UPDATE "
+                f"redrive_store SET store_id = '{other.store}'"
+            )
+        return ConfigError(SETTINGS, problem, fix)
 
 
 def _names(partitions: Iterable[Partition]) -> str:
