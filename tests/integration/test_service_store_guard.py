@@ -12,9 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import psycopg
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from redrive.errors import ConfigError
 from redrive.service import group_marks
 from redrive.service.store import Store
 from tests.integration.service_harness import (
@@ -204,3 +206,40 @@ def test_two_services_on_two_databases_starting_at_once_never_both_read_the_grou
     if running:
         assert sorted(d.value for d in collector.received) == sorted(values)
         assert codes[running[0]] == 0
+
+
+def test_a_database_given_a_retired_stores_identity_takes_over_its_group(
+    bootstrap: str, database_url: str, new_topic: Callable[..., str]
+) -> None:
+    destination = new_topic("successor")
+    retired, successor = fresh_database(database_url), fresh_database(database_url)
+    settings = settings_for(bootstrap, retired, allowed_destinations=[destination])
+    moved = settings.model_copy(update={"database_url": successor})
+    collector = Collector(bootstrap, destination)
+
+    def deliver(value: bytes) -> None:
+        produce(bootstrap, settings.requests_topic, _requests(destination, [value]))
+        wait_until(
+            lambda: (
+                value in {d.value for d in collector.poll_until(len(collector.received) + 1, 0.2)}
+            ),
+            60,
+            f"{value!r} delivered",
+        )
+
+    try:
+        with running_service(settings):
+            deliver(b"by the retired store")
+        with pytest.raises(ConfigError) as refused, running_service(moved):
+            pass  # not reached: start-up refuses (and leaves nothing running)
+        # The fix says how, ending with the statement to run.
+        fix = refused.value.fix
+        statement = fix[fix.index("UPDATE redrive_store") :]
+        assert statement == f"UPDATE redrive_store SET store_id = '{store_id(retired)}'"
+        with psycopg.connect(successor, autocommit=True) as conn:
+            conn.execute(statement.encode())
+        with running_service(moved):
+            deliver(b"by its successor")
+    finally:
+        collector.close()
+    assert pending_count(successor) == 0
