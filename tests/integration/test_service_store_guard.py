@@ -99,8 +99,15 @@ def test_a_service_on_another_database_refuses_the_group_and_the_first_keeps_del
         deliver([f"before-{i}".encode() for i in range(12)])
         second.launch()
         wait_until(lambda: _exited(second), 90, "the second service stopped")
+        # A scheduler alone reads no requests: on that database it is no one's concern.
+        with running_service(
+            settings.model_copy(update={"database_url": second_db, "roles": ["scheduler"]})
+        ):
+            pass
         deliver([f"after-{i}".encode() for i in range(12)])
         assert first.alive()
+        # The second never joined the group: the first was not even rebalanced.
+        assert "partitions revoked" not in first.log_path.read_text()
     finally:
         collector.close()
         first_code = first.terminate() if first.proc is not None else None
@@ -243,3 +250,54 @@ def test_a_database_given_a_retired_stores_identity_takes_over_its_group(
     finally:
         collector.close()
     assert pending_count(successor) == 0
+
+
+def test_a_copy_of_a_database_is_the_same_store_until_given_an_identity_of_its_own(
+    database_url: str,
+) -> None:
+    original = fresh_database(database_url)
+    store = Store(original)
+    store.open()
+    store.close()
+    base, _, name = original.rpartition("/")
+    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}_copy" TEMPLATE "{name}"')
+    copy = f"{original}_copy"
+    assert store_id(copy) == store_id(original)
+    with psycopg.connect(copy, autocommit=True) as conn:  # as docs/retry-service.md says
+        conn.execute("UPDATE redrive_store SET store_id = gen_random_uuid()")
+    assert store_id(copy) != store_id(original)
+
+
+def test_a_refusal_on_assignment_stops_the_service_having_stored_nothing(
+    bootstrap: str, database_url: str, new_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    # The start-up check reads the requests topic's commits; those of a topic intake
+    # ingests are read when it is assigned: another store's mark there is found then.
+    destination, dlt = new_topic("assigned"), new_topic("dlt")
+    db = fresh_database(database_url)
+    settings = settings_for(
+        bootstrap, db, allowed_destinations=[destination], ingest=[{"topic": dlt}]
+    )
+    other = "0" * 31 + "1"
+    produce(bootstrap, dlt, [{"value": b"a failed record"}])
+    marker = Consumer({"bootstrap.servers": bootstrap, "group.id": settings.group_id})
+    try:
+        marker.commit(
+            offsets=[TopicPartition(dlt, 0, 0, metadata=group_marks.settled(other))],
+            asynchronous=False,
+        )
+    finally:
+        marker.close()
+    service = ServiceProcess(settings, tmp_path / "serve.log")
+    try:
+        service.launch()
+        wait_until(lambda: _exited(service), 90, "the service stopped")
+    finally:
+        code = service.terminate() if service.proc is not None else None
+    log = service.log_path.read_text()
+    assert code == 2, log[-3000:]
+    assert REFUSAL in log and f"name store {other} ({dlt} partition 0)" in log
+    assert '"role": "intake"' in log  # refused by intake, once assigned
+    assert "Traceback" not in log
+    assert pending_count(db) == 0 and dead_letters(db) == []
