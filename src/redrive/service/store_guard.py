@@ -75,10 +75,16 @@ class StoreGuard:
         self.database = database  # for the error, without its password
         self.stop = stop
         self.mark = group_marks.settled(store)
-        reset = str(settings.intake_kafka.get("auto.offset.reset", "earliest"))
+        consumer_config = {**settings.kafka, **settings.intake_kafka}
+        reset = str(consumer_config.get("auto.offset.reset", "earliest"))
         # Where a partition with no committed offset starts (intake's own setting):
         # a claim commits that very position, so the claim moves nothing.
         self._from_end = reset in ("latest", "largest", "end")
+        # Cooperative rebalancing hands over the partitions added, to add to the rest.
+        strategy = str(consumer_config.get("partition.assignment.strategy", ""))
+        self._incremental = "cooperative" in strategy or (
+            str(consumer_config.get("group.protocol", "")) == "consumer"
+        )
 
     def check(self, kafka_config: Mapping[str, Any]) -> None:
         """At start-up: raise a ConfigError if the group reads into another store."""
@@ -125,7 +131,7 @@ class StoreGuard:
                 self._take(consumer, partitions)
                 break
             except KafkaException as exc:
-                error: KafkaError = exc.args[0]
+                error = _error_of(exc)
                 if error.code() in _ASSIGNMENT_OVER:
                     log.info("assignment ended while checked; the next one is", error=error.str())
                     self._hold(consumer, partitions)
@@ -143,7 +149,7 @@ class StoreGuard:
                 if self.stop.wait(backoff_delay(attempt, 0.2, 5.0)):
                     self._hold(consumer, partitions)  # stopping: nothing more is read
                     return
-        consumer.assign(partitions)
+        self._assign(consumer, partitions)
         # An earlier assignment's check may have ended with them paused (_hold).
         consumer.resume(partitions)
 
@@ -223,9 +229,15 @@ class StoreGuard:
         except KafkaException as exc:
             log.warning("claims not taken back; they lapse by themselves", error=str(exc))
 
-    @staticmethod
-    def _hold(consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        consumer.assign(partitions)
+    def _assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if self._incremental:
+            consumer.incremental_assign(partitions)
+        else:
+            consumer.assign(partitions)
+
+    def _hold(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Assign the partitions paused: none of their records is read."""
+        self._assign(consumer, partitions)
         consumer.pause(partitions)
 
     def _refused(self, other: OtherStore) -> ConfigError:
@@ -273,6 +285,11 @@ class StoreGuard:
                 f"redrive_store SET store_id = '{other.store}'"
             )
         return ConfigError(SETTINGS, problem, fix)
+
+
+def _error_of(exc: KafkaException) -> KafkaError:
+    first = exc.args[0] if exc.args else None
+    return first if isinstance(first, KafkaError) else KafkaError(KafkaError._FAIL, str(exc))
 
 
 def _names(partitions: Iterable[Partition]) -> str:
