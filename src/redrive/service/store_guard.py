@@ -47,9 +47,6 @@ SETTINGS: Final = (
 )
 START_TIMEOUT_S: Final = 30.0
 """At start-up, as long as the service waits for its broker elsewhere."""
-ASSIGN_TIMEOUT_S: Final = 30.0
-"""How long an assignment is tried while the broker does not answer (it just did, to
-assign the partitions), after which the service stops rather than read unchecked."""
 _CALL_TIMEOUT_S: Final = 10.0
 # The assignment being checked is over: a new one follows, checked in its turn.
 _ASSIGNMENT_OVER: Final = frozenset(
@@ -123,8 +120,12 @@ class StoreGuard:
     def on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """The consumer's rebalance callback: check (and take) the group before any
         record of `partitions` is read; raise a ConfigError if it reads into another
-        store. The partitions are assigned here, paused if the check could not end."""
-        deadline = time.monotonic() + ASSIGN_TIMEOUT_S
+        store. The partitions are assigned here, paused if the check could not end.
+
+        While the broker does not answer (a broker restarting), it tries again, for as
+        long as that lasts: intake reads nothing meanwhile, as it could not without the
+        broker. Blocked past max.poll.interval.ms, the consumer leaves the group, and
+        rejoins once this returns: its next assignment is checked in its turn."""
         attempt = 0
         while True:
             try:
@@ -137,15 +138,11 @@ class StoreGuard:
                     self._hold(consumer, partitions)
                     return
                 attempt += 1
-                if time.monotonic() > deadline:
-                    raise ConfigError(
-                        "bootstrap (REDRIVE_BOOTSTRAP)",
-                        f"cannot read or commit the offsets of consumer group {self.group!r} "
-                        f"for {ASSIGN_TIMEOUT_S:.0f} s: {error.str()}",
-                        "check the broker; intake does not read a partition before it "
-                        "knew which store its group reads into",
-                    ) from None
-                log.warning("cannot check the consumer group; trying again", error=error.str())
+                log.warning(
+                    "cannot check the consumer group; trying again",
+                    error=error.str(),
+                    attempt=attempt,
+                )
                 if self.stop.wait(backoff_delay(attempt, 0.2, 5.0)):
                     self._hold(consumer, partitions)  # stopping: nothing more is read
                     return
