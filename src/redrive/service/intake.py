@@ -106,9 +106,7 @@ class Intake:
     ) -> None:
         self.settings = settings
         self.store = store
-        # Checks the group reads into this store before a partition is read, and names
-        # the store in every commit (see redrive.service.store_guard).
-        self.guard = guard
+        self.guard = guard  # checks the group before a partition is read; names the store
         self.rules = rules
         self.metrics = metrics
         self.stop = stop
