@@ -9,6 +9,7 @@ test_two_processes_on_one_database_share_the_work.)
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -37,6 +38,7 @@ from tests.integration.service_harness import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
+DOC = Path(__file__).resolve().parents[2] / "docs" / "retry-service.md"
 REFUSAL = (
     "redrive: database_url, group_id, requests_topic "
     "(REDRIVE_DATABASE_URL, REDRIVE_GROUP_ID, REDRIVE_REQUESTS_TOPIC): "
@@ -53,6 +55,24 @@ def _requests(destination: str, values: list[bytes]) -> list[dict[str, object]]:
         {"key": value, "value": value, "headers": request_headers(destination, due)}
         for value in values
     ]
+
+
+def _documented_refusal(held: str, refused: str, group: str, topic: str, log: str) -> str:
+    """The refusal docs/retry-service.md shows, with this test's names and stores."""
+    text = DOC.read_text().split("## One requests group, one store", 1)[1]
+    shown = text.split("```console\n", 1)[1].split("```", 1)[0].split("\n", 1)[1]
+    found = re.search(r"this service's database \((.*?)\) is store", log)
+    assert found is not None, log[-3000:]
+    for documented, actual in (
+        ("c9c7a0eb77394e96879b32ef6577fdcb", store_id(held)),
+        ("136de1b9fde64b909ac2fc5b00c94258", store_id(refused)),
+        ("postgresql://redrive:***@db-2:5432/redrive", found.group(1)),
+        ("'redrive-service'", repr(group)),
+        ("redrive.requests", topic),
+    ):
+        assert documented in shown
+        shown = shown.replace(documented, actual)
+    return shown
 
 
 def _exited(process: ServiceProcess) -> bool:
@@ -120,6 +140,10 @@ def test_a_service_on_another_database_refuses_the_group_and_the_first_keeps_del
     assert "this service's database (postgresql://" in log
     assert f"is store {store_id(second_db)}" in log
     assert "fix: to share the work of the services on store" in log
+    assert (
+        _documented_refusal(first_db, second_db, settings.group_id, settings.requests_topic, log)
+        in log
+    )
     assert '"consumer group reads into another store; this service refuses it"' in log
     assert "Traceback" not in log
     # The second stored nothing, and the first delivered each request once.
