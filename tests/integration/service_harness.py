@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from confluent_kafka import Consumer, KafkaError, Message, Producer
+from confluent_kafka import Consumer, KafkaError, Message, Producer, TopicPartition
 
 from redrive.clock import now_ms
 from redrive.deadlines import Deadline
@@ -107,7 +107,8 @@ class ServiceProcess(ChildProcess):
         self.log_path = log_path
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> None:
+    def launch(self) -> None:
+        """Start the process; return at once (`start` waits until it listens)."""
         log = open(self.log_path, "ab")  # noqa: SIM115 - the child writes to it until it ends
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "redrive.cli", "serve", *self.args],
@@ -115,6 +116,10 @@ class ServiceProcess(ChildProcess):
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+
+    def start(self) -> None:
+        self.launch()
+        assert self.proc is not None
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if "redrive serve: listening" in self.log_path.read_text(errors="replace"):
@@ -123,6 +128,25 @@ class ServiceProcess(ChildProcess):
                 raise RuntimeError(f"serve exited: {self.log_path.read_text()[-2000:]}")
             time.sleep(0.1)
         raise RuntimeError("serve did not start in 60 s")
+
+
+def store_id(database_url: str) -> str:
+    """The identity of the store in this database (made by its first migration)."""
+    with psycopg.connect(database_url) as conn:
+        row = conn.execute("SELECT store_id FROM redrive_store").fetchone()
+        assert row is not None
+        return str(row[0].hex)
+
+
+def committed_metadata(bootstrap: str, group: str, topic: str) -> dict[int, str | None]:
+    """The metadata of each partition's committed offset in `group` (None: none)."""
+    client = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        partitions = client.list_topics(topic, timeout=30).topics[topic].partitions
+        asked = [TopicPartition(topic, p) for p in partitions]
+        return {tp.partition: tp.metadata or None for tp in client.committed(asked, timeout=30)}
+    finally:
+        client.close()
 
 
 def request_headers(

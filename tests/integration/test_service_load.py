@@ -14,10 +14,12 @@ import pytest
 
 from redrive.local.postgres import LocalPostgres
 from redrive.ports import free_port
+from redrive.service import group_marks
 from tests.integration.service_harness import (
     Collector,
     Delivery,
     ServiceProcess,
+    committed_metadata,
     fresh_database,
     now_ms,
     pending_count,
@@ -25,6 +27,7 @@ from tests.integration.service_harness import (
     request_headers,
     running_service,
     settings_for,
+    store_id,
     wait_until,
 )
 
@@ -155,6 +158,10 @@ def test_two_processes_on_one_database_share_the_work(
     # Both instances delivered (the work was shared, not done by one while one idled).
     logs = [(tmp_path / f"serve-{i}.log").read_text() for i in range(2)]
     assert all('"intake started"' in text for text in logs)
+    # One store: each commit names it, and neither refused the other.
+    mark = group_marks.settled(store_id(db))
+    marks = committed_metadata(bootstrap, settings.group_id, settings.requests_topic)
+    assert set(marks.values()) == {mark}
 
 
 @pytest.fixture

@@ -21,6 +21,10 @@ redrive's Apps): each record becomes a dead letter of its own
 (:func:`redrive.service.ingest.ingest`), stored in the same batches with
 the same guarantees (the unique index on its DLQ coordinates makes a record read
 twice one dead letter; offsets are committed after the store commit).
+
+Every commit names the store in its metadata, and no partition is read before the
+group is known to read into this store (:mod:`redrive.service.store_guard`): a
+service on another database with the same requests topic and group refuses it.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from redrive.service.ingest import ingest
 from redrive.service.ingest.originals import Originals
 from redrive.service.metrics import ServiceMetrics
 from redrive.service.store import Store, Stored, StoreUnavailable
+from redrive.service.store_guard import StoreGuard
 from redrive.topic_admin import MetadataUnavailable
 
 log = structlog.get_logger("redrive.intake")
@@ -95,11 +100,13 @@ class Intake:
         rules: IntakeRules,
         metrics: ServiceMetrics,
         stop: threading.Event,
+        guard: StoreGuard,
         on_scheduled: Callable[[int], None] = lambda due_ms: None,
         producer_config: dict[str, Any] | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
+        self.guard = guard  # checks the group before a partition is read; names the store
         self.rules = rules
         self.metrics = metrics
         self.stop = stop
@@ -150,6 +157,7 @@ class Intake:
         ingested = [source.topic for source in self.settings.ingest]
         self.consumer.subscribe(
             [self.settings.requests_topic, *ingested],
+            on_assign=self.guard.on_assign,
             on_revoke=self._on_revoke,
             on_lost=self._on_lost,
         )
@@ -400,7 +408,11 @@ class Intake:
         highest = {(item.topic, item.partition): item.offset for item in incoming}
         # A partition revoked while its batch was stored is the next owner's to commit.
         owned = {(tp.topic, tp.partition) for tp in self.consumer.assignment()}
-        offsets = [TopicPartition(t, p, o + 1) for (t, p), o in highest.items() if (t, p) in owned]
+        offsets = [
+            TopicPartition(t, p, o + 1, metadata=self.guard.mark)
+            for (t, p), o in highest.items()
+            if (t, p) in owned
+        ]
         if not offsets:
             return
         self._uncommitted.update({(tp.topic, tp.partition): tp.offset for tp in offsets})
@@ -412,7 +424,10 @@ class Intake:
     def _commit_last(self) -> None:
         if not self._uncommitted:
             return
-        offsets = [TopicPartition(t, p, o) for (t, p), o in self._uncommitted.items()]
+        mark = self.guard.mark  # every commit names the store (see store_guard)
+        offsets = [
+            TopicPartition(t, p, o, metadata=mark) for (t, p), o in self._uncommitted.items()
+        ]
         try:
             self.consumer.commit(offsets=offsets, asynchronous=False)
         except KafkaException as exc:

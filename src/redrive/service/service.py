@@ -43,6 +43,7 @@ from redrive.service.replay import Replayer
 from redrive.service.replay_jobs import ReplayJobRunner
 from redrive.service.scheduler import Scheduler
 from redrive.service.store import Store, StoreUnavailable
+from redrive.service.store_guard import StoreGuard
 from redrive.service.workers import Workers, WorkersRegistry
 from redrive.sizes import producer_size_limit
 from redrive.topic_admin import LoginWatch, TopicMetadata, ensure_topic
@@ -92,7 +93,16 @@ class RetryService:
         return with_client_logs({"bootstrap.servers": self.bootstrap, **self.settings.kafka})
 
     def start(self) -> None:
-        """Connect, migrate, create topics, start the roles; return once they run."""
+        """Connect, migrate, create topics, start the roles; return once they run.
+        If it cannot, what it started is stopped before the error is raised: a program
+        that embeds the service is left with no thread or connection of it."""
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
         s = self.settings
         if s.http_port and port_in_use(s.http_port, s.http_host):
             raise ConfigError(
@@ -138,6 +148,14 @@ class RetryService:
                 f"cannot create or check topic {s.requests_topic!r}: {exc}",
                 "check that the broker is reachable and the kafka settings are right",
             ) from None
+        guard = None
+        if "intake" in s.roles:
+            # Before any role starts: a service on another store than the one its
+            # requests group reads into stops here, without joining the group.
+            guard = StoreGuard(
+                s, self.store.store_id(), _redact(self.database_url), self.stop_event
+            )
+            guard.check(self.kafka_config)
         admin = self._admin = AdminClient(self.kafka_config)
         metadata = TopicMetadata(admin)
         self.operations = Operations(self.store)
@@ -184,7 +202,7 @@ class RetryService:
                 self._spawn("history", history.run)
             identities = identity_pruner(self.store, s.repeat_window_days * 86_400, self.stop_event)
             self._spawn("identities", identities.run)
-        if "intake" in s.roles:
+        if guard is not None:
             rules = IntakeRules(
                 # Settings are fixed for the process: each destination is matched once.
                 destination_allowed=functools.lru_cache(maxsize=4096)(s.destination_allowed),
@@ -198,6 +216,7 @@ class RetryService:
                 rules,
                 self.metrics,
                 self.stop_event,
+                guard,
                 on_scheduled=self._wake,
                 producer_config=producer_config,
             )

@@ -15,6 +15,7 @@ its one door. Callers get typed methods, never a connection:
 - :mod:`.replay_jobs`: bulk replays run in the background (``Store.replay_jobs``);
 - :mod:`.tokens`: the API tokens' names, roles and digests;
 - :mod:`.wakeups`: the NOTIFY that wakes schedulers for rows due sooner;
+- :mod:`.identity`: the store's own id, which intake names in its commits;
 - :mod:`.rows`: values between Python and the columns.
 
 Every method runs in its own transaction on a pooled connection. When PostgreSQL is
@@ -38,6 +39,7 @@ from redrive.service.store import (
     claims,
     dead_letters,
     history,
+    identity,
     identity_backfill,
     intake_writes,
     pending,
@@ -141,6 +143,11 @@ class Store:
                 yield conn
         except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
             raise StoreUnavailable(str(exc).strip() or type(exc).__name__) from exc
+
+    def store_id(self) -> str:
+        """This database's identity (32 hex digits), made once by its migration."""
+        with self._conn() as conn:
+            return identity.store_id(conn)
 
     def ping(self) -> bool:
         try:
