@@ -20,7 +20,7 @@ from redrive.headers import (
 )
 from redrive.requests import Incoming
 from redrive.service.ingest import reading as r
-from redrive.service.ingest.dialect import Dialect, where
+from redrive.service.ingest.dialect import Dialect, described
 
 PREFIX: Final = "__connect.errors."
 _ORIGINS: Final = frozenset(f"{PREFIX}{name}" for name in ("topic", "partition", "offset"))
@@ -49,13 +49,7 @@ def _read(meta: list[Header], incoming: Incoming) -> r.Fields:
     )
     what = "Kafka Connect dead letter" if m else "record without __connect.errors. headers"
     about = f" ({', '.join(context)})" if context else ""
-    failure = r.failure(history.error_type, history.error_message)
-    return r.Fields(
-        reason=f"{what}{about} ingested from {where(incoming)}{failure}",
-        topic=topic,
-        history=history,
-        unreadable=tuple(m.unreadable),
-    )
+    return described(m, incoming, what, history, about=about)
 
 
 DIALECT: Final = Dialect(

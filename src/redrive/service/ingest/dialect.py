@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
+from redrive.header_fields import FailureHistory
 from redrive.headers import Header
 from redrive.requests import Incoming
-from redrive.service.ingest.reading import Fields
+from redrive.service.ingest.reading import Fields, Meta, failure
 
 Recognised: TypeAlias = Literal[
     "spring-retry-topic", "spring", "connect", "streams", "share-group", "redrive", "raw"
@@ -32,3 +33,24 @@ class Dialect:
 
 def where(incoming: Incoming) -> str:
     return f"{incoming.topic}[{incoming.partition}]@{incoming.offset}"
+
+
+def described(
+    m: Meta,
+    incoming: Incoming,
+    what: str,
+    history: FailureHistory,
+    *,
+    about: str = "",
+    **more: Any,
+) -> Fields:
+    """A dialect's fields, its reason said the one way: which system made the letter
+    (``what``, ``about`` it), where it was read, and what failed."""
+    failure_text = failure(history.error_type, history.error_message)
+    return Fields(
+        reason=f"{what}{about} ingested from {where(incoming)}{failure_text}",
+        topic=history.original_topic,
+        history=history,
+        unreadable=tuple(m.unreadable),
+        **more,
+    )

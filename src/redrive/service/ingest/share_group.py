@@ -20,7 +20,7 @@ from redrive.header_fields import FailureHistory
 from redrive.headers import MAX_ERROR_MESSAGE_BYTES, MAX_INT32, MAX_INT64, MAX_VALUE_BYTES, Header
 from redrive.requests import Incoming
 from redrive.service.ingest import reading as r
-from redrive.service.ingest.dialect import Dialect, where
+from redrive.service.ingest.dialect import Dialect, described
 
 PREFIX: Final = "__dlq.errors."
 
@@ -46,13 +46,13 @@ def _read(meta: list[Header], incoming: Incoming) -> r.Fields:
     about = f" ({', '.join(context)})" if context else ""
     copied = incoming.key is not None or incoming.value is not None
     located = None not in (topic, history.original_partition, history.original_offset)
-    return r.Fields(
-        reason=f"{what}{about} ingested from {where(incoming)}"
-        f"{r.failure(None, history.error_message)}",
-        topic=topic,
+    return described(
+        m,
+        incoming,
+        what,
+        history,
+        about=about,
         attempt=deliveries or None,
-        history=history,
-        unreadable=tuple(m.unreadable),
         needs_record=located and not copied,
     )
 

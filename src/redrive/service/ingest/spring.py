@@ -31,7 +31,7 @@ from redrive.headers import (
 )
 from redrive.requests import Incoming
 from redrive.service.ingest import reading as r
-from redrive.service.ingest.dialect import Dialect, where
+from redrive.service.ingest.dialect import Dialect, described
 
 PREFIX: Final = "kafka_dlt-"
 NAMESPACES: Final = ("kafka_", "retry_topic-")
@@ -76,12 +76,7 @@ def _read(meta: list[Header], incoming: Incoming) -> r.Fields:
         error_trace=trace,
     )
     what = "Spring Kafka dead letter" if m else "record without kafka_dlt- headers"
-    return r.Fields(
-        reason=f"{what} ingested from {where(incoming)}{r.failure(error_type, message)}",
-        topic=topic,
-        history=history,
-        unreadable=tuple(m.unreadable),
-    )
+    return described(m, incoming, what, history)
 
 
 DIALECT: Final = Dialect(

@@ -22,7 +22,7 @@ from redrive.headers import MAX_INT32, MAX_INT64, MAX_VALUE_BYTES, Header
 from redrive.requests import Incoming
 from redrive.service.ingest import reading as r
 from redrive.service.ingest import spring
-from redrive.service.ingest.dialect import Dialect, where
+from redrive.service.ingest.dialect import Dialect, described
 
 PREFIX: Final = "kafka_"
 RETRY_PREFIX: Final = "retry_topic-"
@@ -59,13 +59,7 @@ def _read(meta: list[Header], incoming: Incoming) -> r.Fields:
     )
     attempts = m.get(f"{RETRY_PREFIX}attempts", r.big_endian(4, MAX_INT32))
     what = "Spring Kafka retry-topic dead letter" if m else "record without kafka_ headers"
-    return r.Fields(
-        reason=f"{what} ingested from {where(incoming)}{r.failure(error_type, message)}",
-        topic=topic,
-        attempt=attempts or None,
-        history=history,
-        unreadable=tuple(m.unreadable),
-    )
+    return described(m, incoming, what, history, attempt=attempts or None)
 
 
 DIALECT: Final = Dialect(

@@ -22,7 +22,7 @@ from redrive.headers import (
 )
 from redrive.requests import Incoming
 from redrive.service.ingest import reading as r
-from redrive.service.ingest.dialect import Dialect, where
+from redrive.service.ingest.dialect import Dialect, described
 
 PREFIX: Final = "__streams.errors."
 _ORIGINS: Final = frozenset(f"{PREFIX}{name}" for name in ("topic", "partition", "offset"))
@@ -41,13 +41,7 @@ def _read(meta: list[Header], incoming: Incoming) -> r.Fields:
         error_trace=m.get(f"{PREFIX}stacktrace", r.text(MAX_ERROR_TRACE_BYTES, "end")),
     )
     what = "Kafka Streams dead letter" if m else "record without __streams.errors. headers"
-    failure = r.failure(history.error_type, history.error_message)
-    return r.Fields(
-        reason=f"{what} ingested from {where(incoming)}{failure}",
-        topic=topic,
-        history=history,
-        unreadable=tuple(m.unreadable),
-    )
+    return described(m, incoming, what, history)
 
 
 DIALECT: Final = Dialect(
