@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 
-from bench import consumer, kafka_raw, replay_jobs, service
+from bench import consumer, kafka_raw, relay, replay_jobs, service
 from bench.common import Result, fresh_database, print_table, private_stack
 from redrive.local import StackStatus
 from redrive.logs import configure
@@ -211,9 +211,9 @@ def _service_end_to_end(
     relay through PostgreSQL."""
     runs: dict[str, list[dict[str, Any]]] = {}
     for _ in range(rounds):
-        runs.setdefault("relay", []).append(service.relay_ceiling(stack.bootstrap, n))
+        runs.setdefault("relay", []).append(relay.relay_ceiling(stack.bootstrap, n))
         runs.setdefault("stored", []).append(
-            service.relay_ceiling(stack.bootstrap, n, server_url=stack.database_url)
+            relay.relay_ceiling(stack.bootstrap, n, server_url=stack.database_url)
         )
         for workers in WORKER_COUNTS:
             runs.setdefault(f"w{workers}", []).append(

@@ -19,6 +19,7 @@ from typing import Any
 
 import psutil
 import psycopg
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
 from confluent_kafka.cimpl import NewTopic
@@ -281,3 +282,15 @@ class CpuMeter:
         for pid, (part, used) in self.last.items():
             parts[part] = parts.get(part, 0.0) + used - self.first.get(pid, 0.0)
         return {part: round(seconds / n * 1e6, 1) for part, seconds in sorted(parts.items())}
+
+
+def _produce_all(producer: Producer, messages: list[tuple[str, Any, Any, Any]]) -> None:
+    """Produce (topic, key, value, headers) each, then wait for the broker's acks."""
+    for topic, key, value, headers in messages:
+        while True:
+            try:
+                producer.produce(topic, key=key, value=value, headers=headers)
+                break
+            except BufferError:
+                producer.poll(0.01)
+    producer.flush(120)

@@ -18,9 +18,9 @@ from typing import Any
 import psycopg
 from confluent_kafka import Consumer, Producer
 
-from bench.common import ServiceProcess, create_topic, fresh_database
+from bench.common import ServiceProcess, _produce_all, create_topic, fresh_database
 from bench.kafka_raw import PRODUCER_TUNING
-from bench.service import _http_base, _produce_all
+from bench.service import _http_base
 from redrive.client_logs import with_client_logs
 from redrive.clock import now_ms
 from redrive.headers import RetryHeaders, encode

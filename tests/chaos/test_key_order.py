@@ -1,7 +1,7 @@
 """Key order through retries under faults (issue 18's acceptance test, ``ordering="key"``).
 
 1,000 keys, each with a sequence of 20 records (seq 0..19, produced in order, in 4
-bursts of 5 over the production time: see `schedule`), on a topic of 4 partitions,
+bursts of 5 over the production time: see `key_order_records.schedule`), on 4 partitions,
 handled by tests/chaos/app_process.py with ``ordering="key"``, ``transactional=True``
 and policy ``200ms x3`` (4 attempts), once for each keeper of the key lines: strategy
 ``service`` (the retry service) and ``topics`` (the tier topics; its dead letters go
@@ -35,8 +35,6 @@ duplicates D; ...` with the faults, the dead-letter gaps and the delays measured
 from __future__ import annotations
 
 import bisect
-import random
-import threading
 import time
 import uuid
 from collections import Counter, defaultdict
@@ -47,7 +45,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from confluent_kafka import Producer
 
 from tests.chaos.hand_offs import committed_hand_offs, repeated
 from tests.chaos.harness import (
@@ -61,6 +58,13 @@ from tests.chaos.harness import (
     rng_for,
     wait_for,
 )
+from tests.chaos.key_order_records import (
+    PRODUCE_S,
+    SEQS,
+    Bursts,
+    Plan,
+    plan_records,
+)
 from tests.integration.service_harness import fresh_database, pending_count, settings_for
 
 pytestmark = [
@@ -70,128 +74,12 @@ pytestmark = [
 ]
 
 CASE = "key order"
-KEYS = 1000
-SEQS = 20
 PARTITIONS = 4
 POLICY = "200ms x3"
 ATTEMPTS = 4  # the first call and 3 retries
 LONG = MODE.name == "long"
-PRODUCE_S = 90.0 if LONG else 20.0
-"""Production spans this long (see :func:`schedule`)."""
-BURSTS = 4
 FAULTS = ["app", "service", "app", "app", "service", "app"] if LONG else ["app", "service", "app"]
 SETTLE_S = 300.0 if LONG else 150.0
-
-
-# ---------------------------------------------------------------------- the records
-
-
-def marker(rng: random.Random) -> str:
-    """What the handler does with a record (see app_process.py): ~6.5% of records fail,
-    which makes ~10% of the handler's calls fail."""
-    roll = rng.random()
-    if roll < 0.035:
-        return ":f1"
-    if roll < 0.050:
-        return rng.choice([":f2", ":f3"])
-    if roll < 0.058:
-        return ":x"
-    if roll < 0.065:
-        return ":f9"
-    return ""
-
-
-@dataclass(frozen=True)
-class Plan:
-    values: dict[tuple[str, int], str]
-    """(key, seq) -> value, e.g. ("k0042", 7) -> "k0042:07:f1"."""
-
-    @property
-    def dead(self) -> set[tuple[str, int]]:
-        """The records that end as dead letters (`:x`, `:f9`)."""
-        return {ks for ks, v in self.values.items() if v.endswith((":x", ":f9"))}
-
-    @property
-    def clean_keys(self) -> set[str]:
-        """The keys none of whose records fails."""
-        failing = {k for (k, _), v in self.values.items() if v.count(":") > 1}
-        return {k for k, _ in self.values} - failing
-
-
-def plan_records(rng: random.Random) -> Plan:
-    values = {}
-    for k in range(KEYS):
-        key = f"k{k:04d}"
-        for seq in range(SEQS):
-            values[(key, seq)] = f"{key}:{seq:02d}{marker(rng)}"
-    return Plan(values)
-
-
-def schedule() -> list[tuple[float, str, range]]:
-    """When each burst of records goes out: (seconds after the start, key, seqs). A
-    key's 20 records go in BURSTS bursts of consecutive seqs, PRODUCE_S / BURSTS apart;
-    the keys' bursts are spread evenly over that interval. Within a burst the records
-    follow each other closely: a failure holds the key while the rest of the burst
-    arrives (they go behind it); between bursts the key is often free again."""
-    size = SEQS // BURSTS
-    slot = PRODUCE_S / BURSTS
-    return sorted(
-        ((burst + k / KEYS) * slot, f"k{k:04d}", range(burst * size, (burst + 1) * size))
-        for k in range(KEYS)
-        for burst in range(BURSTS)
-    )
-
-
-class Bursts(threading.Thread):
-    """Produces the records on :func:`schedule`, from `started` (time.monotonic())."""
-
-    def __init__(self, bootstrap: str, topic: str, plan: Plan) -> None:
-        super().__init__(name="key-order-bursts", daemon=True)
-        self.bootstrap = bootstrap
-        self.topic = topic
-        self.plan = plan
-        self.started = time.monotonic()
-        self.error: BaseException | None = None
-        self.acked = 0
-
-    def run(self) -> None:
-        try:
-            self._run()
-        except BaseException as exc:
-            self.error = exc
-
-    def _run(self) -> None:
-        producer = Producer(
-            {"bootstrap.servers": self.bootstrap, "linger.ms": 5, "enable.idempotence": True}
-        )
-
-        def acked(err: Any, _msg: Any) -> None:
-            if err is None:
-                self.acked += 1
-
-        for at, key, seqs in schedule():
-            while (left := self.started + at - time.monotonic()) > 0:
-                producer.poll(min(left, 0.1))
-            for seq in seqs:
-                value = self.plan.values[(key, seq)]
-                while True:
-                    try:
-                        producer.produce(
-                            self.topic, key=key.encode(), value=value.encode(), on_delivery=acked
-                        )
-                        break
-                    except BufferError:
-                        producer.poll(0.05)
-                producer.poll(0)
-        assert producer.flush(120) == 0, "records not acknowledged"
-        producer.close()
-
-    def finish(self, timeout_s: float = 180) -> int:
-        self.join(timeout_s)
-        if self.error is not None:
-            raise self.error
-        assert not self.is_alive(), "production did not end"
-        return self.acked
 
 
 # ---------------------------------------------------------------------- the app

@@ -7,11 +7,14 @@ from __future__ import annotations
 import re
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from confluent_kafka import TopicPartition
 
 from redrive import App, Message
 from redrive.deadlines import Deadline
@@ -156,3 +159,77 @@ def running_example(source: str) -> Iterator[dict[str, Any]]:
             namespace["app"].stop()
         thread.join(60)
     assert not thread.is_alive() and not errors, errors
+
+
+class Flaky(Exception):
+    pass
+
+
+def a_group() -> str:
+    return f"g-{uuid.uuid4().hex[:8]}"
+
+
+@contextmanager
+def requests_topic_for(
+    strategy: str, bootstrap: str, database_url: str, topic: str
+) -> Iterator[tuple[str, str | None]]:
+    """The requests topic an App of `strategy` should use, and for `service` a running
+    retry service (allowed to deliver to `topic`) with its database URL."""
+    if strategy != "service":
+        yield "redrive.requests", None
+        return
+    with retry_service(bootstrap, database_url, allowed_destinations=[topic]) as service:
+        yield service.settings.requests_topic, service.database_url
+
+
+class Rebalances:
+    """What the app's rebalance callbacks saw, recorded on the app's own thread.
+
+    (Asking ``app._consumer.assignment()`` from the test thread can deadlock with a
+    rebalance callback waiting for the GIL, so the callbacks are wrapped instead.)"""
+
+    def __init__(self, app: App) -> None:
+        self.events: list[str] = []
+        self.owned: set[tuple[str, int]] = set()
+        self.lock = threading.Lock()
+        assign, revoke, lose = app._on_assign, app._on_revoke, app._on_lost
+
+        def on_assign(consumer: Any, partitions: list[TopicPartition]) -> None:
+            self._record("assigned", partitions)
+            assign(consumer, partitions)
+
+        def on_revoke(consumer: Any, partitions: list[TopicPartition]) -> None:
+            self._record("revoked", partitions)
+            revoke(consumer, partitions)
+
+        def on_lost(consumer: Any, partitions: list[TopicPartition]) -> None:
+            self._record("lost", partitions)
+            lose(consumer, partitions)
+
+        app._on_assign = on_assign  # type: ignore[method-assign]
+        app._on_revoke = on_revoke  # type: ignore[method-assign]
+        app._on_lost = on_lost  # type: ignore[method-assign]
+
+    def _record(self, what: str, partitions: list[TopicPartition]) -> None:
+        named = {(p.topic, p.partition) for p in partitions}
+        with self.lock:
+            self.events.append(f"{what} {sorted(p for _, p in named)}")
+            if what == "assigned":
+                self.owned |= named
+            else:
+                self.owned -= named
+
+    def partitions_of(self, topic: str) -> set[int]:
+        """The partitions of `topic` the app owns now."""
+        with self.lock:
+            return {p for t, p in self.owned if t == topic}
+
+    def seen(self) -> list[str]:
+        with self.lock:
+            return list(self.events)
+
+
+def waiting_partitions(app: App) -> float:
+    """Partitions the app holds paused until a retry is due (its own gauge)."""
+    value = app.metrics.registry.get_sample_value("redrive_consumer_waiting_partitions")
+    return value or 0.0

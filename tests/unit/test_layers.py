@@ -11,8 +11,9 @@ The layers, lowest first:
 - `service/`: the retry service; its web wing (`service/web/`) sits on top of the
   rest of the service, and only the service's orchestrator (`service/service.py`)
   creates it;
-- `local/` (the dev stack), `demo/`, `cli.py`: tools on top; production code
-  (core, engines, service) imports none of them.
+- `local/` (the dev stack), `demo/`, `cli.py` (and `local_commands.py`, its
+  `redrive local`): tools on top; production code (core, engines, service) imports
+  none of them.
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ def _under(module: str, *packages: str) -> bool:
 
 
 CORE_ABOVE = ("redrive.consumer", "redrive.spark", "redrive.service", "redrive.local")
-TOOLS = ("redrive.local", "redrive.demo", "redrive.cli")
+TOOLS = ("redrive.local", "redrive.demo", "redrive.cli", "redrive.local_commands")
 WEB = "redrive.service.web"
 ORCHESTRATOR = "redrive.service.service"
 

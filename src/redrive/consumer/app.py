@@ -10,9 +10,8 @@ retried in place (``blocking``, ``pause``), through retry topics (``topics``, on
 delay; ``retry-topic``, seed 000's single one) or through the retry service
 (``service``).
 
-Offsets are committed only past records dealt with: handled, or handed off to Kafka
-and acknowledged. On a revoke the App commits what it dealt with and forgets the
-paused state of the partitions it loses.
+What it commits, and what becomes of the partitions it gets and loses, is its
+:class:`~redrive.consumer.assignment.Assignment`'s (only past records dealt with).
 
 No record stops the loop: one whose headers cannot be read, or on which redrive's own
 work fails (as opposed to its handler), goes to the dead letters with its raw key
@@ -31,18 +30,16 @@ from typing import Any, TypeVar, Unpack, cast
 
 import structlog
 from confluent_kafka import (
-    OFFSET_BEGINNING,
-    OFFSET_END,
     Consumer,
     KafkaError,
-    KafkaException,
     TopicPartition,
 )
 from confluent_kafka.admin import AdminClient
 from prometheus_client import CollectorRegistry
 
 from redrive.client_logs import with_client_logs
-from redrive.consumer.async_records import DEFAULT_MAX_IN_FLIGHT, AsyncRecords
+from redrive.consumer.assignment import Assignment, reset_offset
+from redrive.consumer.async_records import DEFAULT_MAX_IN_FLIGHT, AsyncRecords, checked_bound
 from redrive.consumer.batches import (
     DEFAULT_MAX_RECORDS,
     DEFAULT_MAX_WAIT_S,
@@ -58,21 +55,22 @@ from redrive.consumer.errors import (
 )
 from redrive.consumer.handlers import check_handler, is_async_callable
 from redrive.consumer.held_keys import HeldKeys
-from redrive.consumer.key_lines import KeyLines
+from redrive.consumer.key_lines import KeyLines, check_key_lines
 from redrive.consumer.loop import flush_batches, poll_once
+from redrive.consumer.loop_health import loop_health, max_poll_interval_ms
 from redrive.consumer.message import Message
 from redrive.consumer.metrics import ConsumerMetrics
 from redrive.consumer.metrics_server import Health, MetricsServer, check_host, check_port
-from redrive.consumer.offsets import OffsetTracker, Partition
+from redrive.consumer.offsets import OffsetTracker
 from redrive.consumer.pauses import PauseBook
 from redrive.consumer.publisher import Publisher
 from redrive.consumer.records import DeadLetterHook, Records, RetryHook
 from redrive.consumer.rejoin import RejoinWatch
-from redrive.consumer.repeats import DEFAULT_REPEAT_WINDOW, RecentIds
+from redrive.consumer.repeats import DEFAULT_REPEAT_WINDOW, RecentIds, checked_window
 from redrive.consumer.routes import HandlerOptions, Kind, Route, build_route
 from redrive.consumer.strategies.pause import BreakerHook, Breakers
 from redrive.consumer.topics import create_derived_topics
-from redrive.consumer.transactions import Aborted, Transactions, transactional_id
+from redrive.consumer.transactions import Transactions, transactional_id
 from redrive.errors import ConfigError
 from redrive.membership import fatal_group_error, static_membership
 from redrive.partitioners import DEFAULT_PARTITIONER, Partitioner, PartitionerName
@@ -92,8 +90,6 @@ Handler = TypeVar("Handler", bound=Callable[..., Any])
 
 DEFAULT_POLICY = "1s, 10s, 1m"
 INSTANCE_ID_SETTING = "App(instance_id=...)"
-# librdkafka's default: a member that does not poll for this long leaves its group.
-MAX_POLL_INTERVAL_MS = 300_000
 
 
 class App:
@@ -176,24 +172,10 @@ class App:
             "REDRIVE_REQUESTS_TOPIC", REQUESTS_TOPIC
         )
         self.batch_size = batch_size
-        if type(max_in_flight) is not int or max_in_flight < 1:
-            raise ConfigError(
-                "App(max_in_flight=...)",
-                f"{max_in_flight!r} is not a whole number >= 1",
-                f"use the default {DEFAULT_MAX_IN_FLIGHT}, or how many records your "
-                "handlers may work on at once",
-            )
-        self.max_in_flight = max_in_flight
+        self.max_in_flight = checked_bound(max_in_flight)
         self.transactional = transactional
-        if type(repeat_window) is not int or repeat_window < 0:
-            raise ConfigError(
-                "App(repeat_window=...)",
-                f"{repeat_window!r} is not a whole number >= 0",
-                f"use the default {DEFAULT_REPEAT_WINDOW}, or 0 to handle repeats again",
-            )
-        self.repeat_window = repeat_window
+        self.repeat_window = checked_window(repeat_window)
         self._instance_id = instance_id
-        self._transactions: Transactions | None = None
         self.commit_interval_s = commit_interval_s
         self.poll_timeout_s = poll_timeout_s
         self.on_retry = on_retry
@@ -207,7 +189,7 @@ class App:
         self._looping = False
         self._last_turn: float | None = None  # time.monotonic() the loop last polled
         self._loop_error: str | None = None
-        self._assigned: frozenset[Partition] = frozenset()
+        self._assignment: Assignment | None = None
         self.routes: dict[str, Route] = {}
         self._batched: dict[str, BatchSettings] = {}
         self._batches: Batches | None = None
@@ -252,33 +234,13 @@ class App:
             raise ConfigError(f"handler for {topic!r}", "registered twice")
         route = build_route(topic, fn, self.group, options, DEFAULT_POLICY)
         if route.lines_in_tiers:
-            self._check_key_lines(route)
+            settings = {**self.kafka, **self.consumer_kafka}
+            check_key_lines(route.topic, route.strategy, self.transactional, settings)
         for name, kind in route.topics().items():
             if name in self._reads:
                 raise ConfigError(f"handler for {topic!r}", f"topic {name!r} is already read")
             self._reads[name] = (route, kind)
         self.routes[topic] = route
-
-    def _check_key_lines(self, route: Route) -> None:
-        """Key lines in the tier topics (:mod:`redrive.consumer.key_lines`) move a
-        record's copy and rewrite its line in one step, and keep a partition's lines
-        with the App instance that reads the partition and its tiers."""
-        setting = f"ordering for {route.topic!r}"
-        if not self.transactional:
-            raise ConfigError(
-                setting,
-                f"the {route.strategy} strategy keeps key order only with transactions "
-                "(a record's copy and its key's line are written in one step)",
-                'use App(..., transactional=True), or strategy="service"',
-            )
-        assignor = {**self.kafka, **self.consumer_kafka}.get("partition.assignment.strategy")
-        if assignor is not None and not str(assignor).replace(" ", "").startswith("range"):
-            raise ConfigError(
-                "partition.assignment.strategy",
-                f"{assignor!r} may give a partition and its retry tiers to different "
-                f"instances, whose key lines for {route.topic!r} would then disagree",
-                'leave it out (librdkafka\'s default starts with "range"), or use "range"',
-            )
 
     def batch_handler(
         self,
@@ -377,18 +339,9 @@ class App:
         )
         self._consumer = consumer
         self._producer = producer
-        self._client_config = config
         self._publisher = Publisher(producer, self._stop)
-        ordered = [r for r in self.routes.values() if r.ordering is not None]
-        self._held = HeldKeys(
-            self._publisher, {r.topic: r.held_topic for r in ordered if not r.lines_in_tiers}
-        )
-        self._lines = KeyLines(
-            self._publisher,
-            {r.topic: r.held_topic for r in ordered if r.lines_in_tiers},
-            {r.topic: r.tiers for r in ordered if r.lines_in_tiers},
-        )
-        self._transactions = Transactions(producer, consumer) if self.transactional else None
+        self._held = HeldKeys.of(self._publisher, self.routes.values())
+        self._lines = KeyLines.of(self._publisher, self.routes.values())
         self._records = Records(
             self.group,
             self._reads,
@@ -408,21 +361,27 @@ class App:
         self._offsets = OffsetTracker()
         self._pauses = PauseBook(consumer)
         self._batches = Batches(self._records, self._batched) if self._batched else None
-        async_topics = frozenset(t for t, (route, _) in self._reads.items() if route.is_async)
-        self._async = (
-            AsyncRecords(
-                self._records,
-                self._offsets,
-                self._pauses,
-                consumer,
-                async_topics,
-                self.max_in_flight,
-            )
-            if async_topics
-            else None
+        self._async = AsyncRecords.of(
+            self._records, self._offsets, self._pauses, consumer, self._reads, self.max_in_flight
         )
-        self._rejoin = RejoinWatch()
-        self._subscribe(consumer)
+        self._assignment = Assignment(
+            consumer,
+            self._publisher,
+            self._offsets,
+            self._pauses,
+            self._records,
+            self._held,
+            self._lines,
+            RejoinWatch(),
+            config,
+            list(self._reads),
+            self.group,
+            reset_offset({**self.kafka, **self.consumer_kafka}),
+            Transactions(producer, consumer) if self.transactional else None,
+            self._batches,
+            self._async,
+        )
+        self._assignment.subscribe((self._on_assign, self._on_revoke, self._on_lost))
         log.info("consumer started", group=self.group, topics=sorted(self._reads))
         self.running.set()
         last_commit = self._last_turn = time.monotonic()
@@ -433,10 +392,10 @@ class App:
                 if self._poll_once():  # health: a turn that could not poll does not count
                     self._last_turn = turn
                 if time.monotonic() - last_commit >= self.commit_interval_s:
-                    self._commit(asynchronous=True)
+                    self._assignment.commit(asynchronous=True)
                     last_commit = time.monotonic()
-                if self._rejoin.due(time.monotonic()):
-                    self._subscribe_again(consumer)
+                if self._assignment.rejoin.due(time.monotonic()):
+                    self._assignment.subscribe_again()
             if self._batches is not None:  # stopping: what waits in a batch is handled
                 flush_batches(self._batches, self._records, self._offsets, self.metrics)
             if self._async is not None:  # stopping: what runs may end, the rest waits
@@ -463,47 +422,19 @@ class App:
         return None if server is None else server.url("/healthz")
 
     def health(self, now: float | None = None) -> Health:
-        """What ``/healthz`` answers. Healthy means both:
-
-        - the loop runs: :meth:`run` subscribed and entered its loop, which has neither
-          returned nor raised, and no stop was asked for (so 503 from :meth:`stop` or
-          a signal on, while the App commits and leaves its group);
-        - it polls: its last poll began less than ``max.poll.interval.ms`` ago
-          (librdkafka's 300 s unless set), the time after which Kafka itself takes a
-          member for dead: a handler that hangs makes the App unhealthy.
-
-        How many partitions are assigned is reported, not judged: an App with none
-        (more instances than partitions, or during a rebalance) is healthy.
-        ``now`` is a ``time.monotonic()`` reading (tests pass a later one).
-        """
-        detail: dict[str, object] = {
-            "group": self.group,
-            "assigned_partitions": len(self._assigned),
-        }
-        last_turn = self._last_turn
-        if not self._looping:
-            if self._loop_error is not None:
-                reason = f"loop failed: {self._loop_error}"
-            else:
-                reason = "starting" if last_turn is None else "stopped"
-            return Health(False, {**detail, "reason": reason})
-        if self._stop.is_set():
-            return Health(False, {**detail, "reason": "stopping"})
-        assert last_turn is not None
-        since = (time.monotonic() if now is None else now) - last_turn
-        detail["seconds_since_poll"] = round(since, 3)
-        limit_ms = self._max_poll_interval_ms()
-        if since * 1000 > limit_ms:
-            reason = f"stalled: no poll for {since:.1f} s, max.poll.interval.ms is {limit_ms:.0f}"
-            return Health(False, {**detail, "reason": reason})
-        return Health(True, detail)
-
-    def _max_poll_interval_ms(self) -> float:
-        setting = {**self.kafka, **self.consumer_kafka}.get("max.poll.interval.ms")
-        try:
-            return float(setting) if setting is not None else MAX_POLL_INTERVAL_MS
-        except (TypeError, ValueError):
-            return MAX_POLL_INTERVAL_MS  # the consumer refused it at start-up anyway
+        """What ``/healthz`` answers (:mod:`redrive.consumer.loop_health`: the loop runs
+        and polls). ``now`` is a ``time.monotonic()`` reading (tests pass a later one)."""
+        assignment = self._assignment
+        return loop_health(
+            group=self.group,
+            assigned=len(assignment.assigned) if assignment else 0,
+            looping=self._looping,
+            loop_error=self._loop_error,
+            stopping=self._stop.is_set(),
+            last_turn=self._last_turn,
+            now=time.monotonic() if now is None else now,
+            limit_ms=max_poll_interval_ms({**self.kafka, **self.consumer_kafka}),
+        )
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         log.info("signal received; stopping", signal=signal.Signals(signum).name)
@@ -530,62 +461,19 @@ class App:
 
     # ------------------------------------------------------------------ commits, rebalances
 
-    def _commit(self, *, asynchronous: bool, partitions: set[Partition] | None = None) -> None:
-        assert self._consumer is not None
-        self._publisher.flush()  # hand-offs acknowledged before the offsets move past them
-        if self._transactions is not None:
-            self._commit_transaction()
-            return
-        offsets = self._offsets.to_commit(partitions)
-        if not offsets:
-            return
-        try:
-            if asynchronous:
-                self._consumer.commit(offsets=offsets, asynchronous=True)
-            else:
-                self._offsets.committed(self._consumer.commit(offsets=offsets, asynchronous=False))
-        except KafkaException as exc:
-            if exc.args[0].code() != KafkaError._NO_OFFSET:
-                log.warning("commit failed; records may be handled again", error=str(exc))
+    # The rebalance callbacks go through the App: what it holds is its assignment's.
 
-    def _commit_transaction(self) -> None:
-        """Commit the hand-offs since the last commit with every partition's offsets (not
-        only those of some partitions: the transaction holds the hand-offs of all)."""
-        assert self._transactions is not None
-        offsets = self._offsets.to_commit()
-        try:
-            self._transactions.commit(offsets)
-        except Aborted:
-            self._records.repeats.abort()  # those hand-offs are gone: not repeats
-            self._rewind()
-            return
-        self._records.repeats.commit()
-        self._offsets.committed(offsets)
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        assert self._assignment is not None
+        self._assignment.on_assign(consumer, partitions)
 
-    def _rewind(self) -> None:
-        """A transaction was aborted: what was dealt with since the last commit is
-        handled again, from every partition's committed offset (the waits of records
-        retried in place are kept, as across a rebalance)."""
-        assert self._consumer is not None
-        assigned = set(self._assigned)
-        self._forget(assigned)
-        self._assigned = frozenset(assigned)
-        self._held.load(self._client_config, assigned)  # as the transaction left them
-        self._lines.load(self._client_config, assigned)
-        wanted = [TopicPartition(t, p) for t, p in sorted(assigned)]
-        committed = self._consumer.committed(wanted, timeout=30) if wanted else []
-        if self._async is not None:
-            self._async.resume(committed)
-        for tp in committed:
-            # No committed offset yet: from where auto.offset.reset says.
-            offset = tp.offset if tp.offset >= 0 else self._reset_offset()
-            self._consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
-        log.warning("rewound to the committed offsets", partitions=len(wanted))
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        assert self._assignment is not None
+        self._assignment.on_revoke(consumer, partitions)
 
-    def _reset_offset(self) -> int:
-        reset = {**self.kafka, **self.consumer_kafka}.get("auto.offset.reset", "earliest")
-        latest = str(reset) in ("latest", "largest", "end")
-        return OFFSET_END if latest else OFFSET_BEGINNING
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        assert self._assignment is not None
+        self._assignment.on_lost(consumer, partitions)
 
     def _on_commit(self, err: KafkaError | None, partitions: list[TopicPartition]) -> None:
         if err is None:
@@ -593,77 +481,11 @@ class App:
         elif err.code() != KafkaError._NO_OFFSET:
             log.warning("commit failed; records may be handled again", error=err.str())
 
-    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._rejoin.assigned()
-        # Added to, not replaced: with cooperative rebalancing these are the new ones.
-        new = {(p.topic, p.partition) for p in partitions}
-        self._assigned = self._assigned | new
-        # Before any record of theirs: which keys of ordered routes wait for a retry.
-        self._held.load(self._client_config, new)
-        self._lines.load(self._client_config, new)
-        if self._async is not None:  # what the last commit says is done beyond it
-            self._async.resume(consumer.committed(partitions, timeout=30))
-        log.info(
-            "partitions assigned", partitions=[f"{p.topic}[{p.partition}]" for p in partitions]
-        )
-
-    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        lost = {(p.topic, p.partition) for p in partitions}
-        try:
-            if self._async is not None:  # what runs for them ends before the commit
-                self._async.drain(lost)
-            self._commit(asynchronous=False, partitions=lost)
-        finally:
-            self._forget(lost)
-        log.info("partitions revoked", partitions=sorted(f"{t}[{p}]" for t, p in lost))
-
-    def _subscribe(self, consumer: Consumer) -> None:
-        consumer.subscribe(
-            list(self._reads),
-            on_assign=self._on_assign,
-            on_revoke=self._on_revoke,
-            on_lost=self._on_lost,
-        )
-
-    def _subscribe_again(self, consumer: Consumer) -> None:
-        """No assignment since the partitions were lost (see redrive.consumer.rejoin)."""
-        log.warning(
-            "no partitions assigned since they were lost; subscribing again",
-            group=self.group,
-            waited_s=self._rejoin.after_s,
-        )
-        consumer.unsubscribe()
-        self._subscribe(consumer)
-
-    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        self._rejoin.lost(time.monotonic())
-        lost = {(p.topic, p.partition) for p in partitions}
-        self._forget(lost)
-        log.warning("partitions lost", partitions=sorted(f"{t}[{p}]" for t, p in lost))
-
-    def _forget(self, partitions: set[Partition]) -> None:
-        """Partitions leave this instance. Positions go (the next owner commits its own);
-        a partition waiting for a retry is resumed in the client but its wait and attempt
-        count are kept, in case a rebalance gives it back: then its record waits until
-        due again, with its attempts counted, instead of staying paused forever."""
-        self._assigned = self._assigned - partitions
-        self._offsets.forget(partitions)
-        self._held.forget(partitions)
-        self._lines.forget(partitions)
-        self._pauses.release(partitions)
-        parked = self._pauses.parked()
-        for partition in partitions:
-            if partition not in parked:
-                self._records.in_place.pop(partition, None)
-        if self._batches is not None:
-            self._batches.forget(partitions)
-        if self._async is not None:
-            self._async.forget(partitions)
-
     def _shutdown(self) -> None:
         consumer = self._consumer
         try:
-            self._commit(asynchronous=False)
+            if self._assignment is not None:
+                self._assignment.commit(asynchronous=False)
         except Exception:
             log.exception("could not commit on shutdown; records will be handled again")
         finally:

@@ -43,7 +43,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,12 +59,27 @@ from redrive.consumer.pauses import PauseBook
 from redrive.consumer.records import InPlace, Records
 from redrive.consumer.routes import Kind, Route
 from redrive.consumer.strategies import Wait
+from redrive.errors import ConfigError
 
 log = structlog.get_logger("redrive.consumer")
 
 DEFAULT_MAX_IN_FLIGHT = 100
 """Records of async handlers accepted and not dealt with, at most, by default: as many
 as httpx's default connection pool serves at once."""
+
+
+def checked_bound(max_in_flight: object) -> int:
+    """``App(max_in_flight=...)`` as given, or a ConfigError naming it."""
+    if type(max_in_flight) is not int or max_in_flight < 1:
+        raise ConfigError(
+            "App(max_in_flight=...)",
+            f"{max_in_flight!r} is not a whole number >= 1",
+            f"use the default {DEFAULT_MAX_IN_FLIGHT}, or how many records your "
+            "handlers may work on at once",
+        )
+    return max_in_flight
+
+
 TURN_S = 0.01
 """How long the event loop runs per turn of the App's loop while records are in
 flight and there is room for more: the longest a new record waits to be fetched while
@@ -93,6 +108,22 @@ class _Item:
 
 class AsyncRecords:
     """The App's async routes in a running App (see the module)."""
+
+    @classmethod
+    def of(
+        cls,
+        records: Records,
+        offsets: OffsetTracker,
+        pauses: PauseBook,
+        consumer: Consumer,
+        reads: Mapping[str, tuple[Route, Kind]],
+        max_in_flight: int,
+    ) -> AsyncRecords | None:
+        """For the topics whose handler is ``async def`` (None: there is none)."""
+        topics = frozenset(t for t, (route, _) in reads.items() if route.is_async)
+        if not topics:
+            return None
+        return cls(records, offsets, pauses, consumer, topics, max_in_flight)
 
     def __init__(
         self,

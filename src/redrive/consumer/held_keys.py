@@ -24,13 +24,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from redrive.consumer.offsets import Partition
 from redrive.consumer.publisher import Publisher
+
+if TYPE_CHECKING:
+    from redrive.consumer.routes import Route
 
 log = structlog.get_logger("redrive.consumer")
 
@@ -39,6 +42,12 @@ LOAD_TIMEOUT_S = 60.0
 
 class HeldKeys:
     """The held keys of the partitions of ordered routes this App owns (see the module)."""
+
+    @classmethod
+    def of(cls, publisher: Publisher, routes: Iterable[Route]) -> HeldKeys:
+        """For the routes that keep key order in the retry service."""
+        ordered = [r for r in routes if r.ordering is not None and not r.lines_in_tiers]
+        return cls(publisher, {r.topic: r.held_topic for r in ordered})
 
     def __init__(self, publisher: Publisher, held_topics: Mapping[str, str]) -> None:
         self.publisher = publisher

@@ -34,13 +34,17 @@ change (about 12 bytes per entry).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
 from redrive.consumer.held_keys import read_back
 from redrive.consumer.offsets import Partition
 from redrive.consumer.publisher import Publisher
+from redrive.errors import ConfigError
+
+if TYPE_CHECKING:
+    from redrive.consumer.routes import Route
 
 log = structlog.get_logger("redrive.consumer")
 
@@ -50,6 +54,13 @@ Entry = tuple[int, str]
 
 class KeyLines:
     """The lines of the held keys of the partitions this App owns (see the module)."""
+
+    @classmethod
+    def of(cls, publisher: Publisher, routes: Iterable[Route]) -> KeyLines:
+        """For the routes that keep key order in their tier topics."""
+        ordered = [r for r in routes if r.ordering is not None and r.lines_in_tiers]
+        held = {r.topic: r.held_topic for r in ordered}
+        return cls(publisher, held, {r.topic: r.tiers for r in ordered})
 
     def __init__(
         self,
@@ -218,3 +229,28 @@ class KeyLines:
         except ValueError:
             return None
         return sorted(line)
+
+
+def check_key_lines(
+    topic: str, strategy: str, transactional: bool, settings: Mapping[str, Any]
+) -> None:
+    """Key lines move a record's copy and rewrite its line in one step, and keep a
+    partition's lines with the App instance that reads the partition and its tiers:
+    a ConfigError unless the App is transactional and its assignor keeps a partition
+    with its tiers (``settings``: the consumer's librdkafka settings)."""
+    setting = f"ordering for {topic!r}"
+    if not transactional:
+        raise ConfigError(
+            setting,
+            f"the {strategy} strategy keeps key order only with transactions "
+            "(a record's copy and its key's line are written in one step)",
+            'use App(..., transactional=True), or strategy="service"',
+        )
+    assignor = settings.get("partition.assignment.strategy")
+    if assignor is not None and not str(assignor).replace(" ", "").startswith("range"):
+        raise ConfigError(
+            "partition.assignment.strategy",
+            f"{assignor!r} may give a partition and its retry tiers to different "
+            f"instances, whose key lines for {topic!r} would then disagree",
+            'leave it out (librdkafka\'s default starts with "range"), or use "range"',
+        )

@@ -27,7 +27,6 @@ from typing import Any
 import structlog
 from confluent_kafka import Message as KafkaMessage
 
-from redrive.clock import now_ms
 from redrive.consumer.errors import (
     DeserializationError,
     UnprocessableRecordError,
@@ -36,6 +35,7 @@ from redrive.consumer.errors import (
 from redrive.consumer.handlers import refuse_awaitable
 from redrive.consumer.held_keys import HeldKeys
 from redrive.consumer.key_lines import KeyLines
+from redrive.consumer.key_order import KeyOrder
 from redrive.consumer.message import Message
 from redrive.consumer.metrics import ConsumerMetrics
 from redrive.consumer.offsets import Partition
@@ -47,9 +47,7 @@ from redrive.consumer.strategies.pause import Breakers
 from redrive.headers import (
     Header,
     RetryHeaders,
-    failure_request_id,
     is_redrive_header,
-    request_id,
 )
 from redrive.kafka import read_headers
 from redrive.policy import DeadLetter, Retry
@@ -111,6 +109,8 @@ class Records:
         """The keys of ordered routes waiting in the retry service (``ordering="key"``)."""
         self.lines = lines if lines is not None else KeyLines(publisher, {}, {})
         """The lines of held keys of ordered routes kept in the tier topics."""
+        self.keys = KeyOrder(group, requests_topic, publisher, metrics, self.held, self.lines)
+        """Key order through retries (:mod:`redrive.consumer.key_order`)."""
 
     def process(self, record: KafkaMessage, topic: str, partition: int, offset: int) -> Wait | None:
         """Deal with one record; None when it is dealt with, else how long to wait."""
@@ -171,18 +171,8 @@ class Records:
 
     def goes_behind(self, route: Route, message: Message) -> bool:
         """A record of a held key of an ordered route goes behind the record its key
-        waits for (True), instead of reaching its handler."""
-        if route.lines_in_tiers:
-            return message.key is not None and self._in_line(route, message)
-        if (
-            route.ordering is not None
-            and message.retry is None
-            and message.key is not None
-            and self.held.last(message.topic, message.partition, message.key) is not None
-        ):
-            self._behind(route, message)
-            return True
-        return False
+        waits for (True), instead of reaching its handler (:mod:`.key_order`)."""
+        return self.keys.goes_behind(route, message)
 
     def delivery_done(self, route: Route, message: Message) -> None:
         """A redelivered record was handled: remembered, and its key's queue released."""
@@ -190,150 +180,7 @@ class Records:
         if retry is not None:
             self.remember(message)
             if retry.order is not None:
-                self._release(route, retry, message.key)
-
-    def _in_line(self, route: Route, message: Message) -> bool:
-        """Key order in the tier topics (:mod:`redrive.consumer.key_lines`): whether
-        the record is dealt with by its key's line (True: put behind, moved behind, or
-        a stale copy skipped) instead of reaching its handler (False: its turn, or a
-        record of a key no line holds)."""
-        key = message.key
-        assert key is not None  # unkeyed records keep no order
-        lines, topic, partition = self.lines, route.topic, message.partition
-        delivery = message.retry
-        if delivery is None:  # from the source: behind the line's last, if any
-            if not lines.held(topic, partition, key):
-                return False
-            place = lines.tail(topic, partition, key)
-            request = RetryHeaders(
-                destination=route.topic,
-                retry_at=now_ms(),
-                attempt=0,
-                partition=partition,
-                group=self.group,
-                original_topic=topic,
-                original_partition=partition,
-                original_offset=message.offset,
-                original_timestamp=message.timestamp_ms,
-                order="behind",
-            )
-            self._copy(message, place, request)
-            lines.append(topic, partition, key, message.offset, place)
-            self.metrics.records.labels(route.topic, "held_behind").inc()
-            log.info(
-                "record waits behind its key's retry",
-                topic=topic,
-                partition=partition,
-                offset=message.offset,
-                behind_in=place,
-            )
-            return True
-        offset = delivery.original_offset
-        if delivery.order is None or offset is None or delivery.original_partition != partition:
-            return False  # a retry written without order: handled as ever
-        turn = lines.where(topic, partition, key, offset, message.topic)
-        if turn == "head":
-            return False
-        copy_log = log.bind(
-            topic=message.topic, partition=partition, offset=message.offset, original_offset=offset
-        )
-        if turn == "stale":
-            self.metrics.records.labels(route.topic, "repeat_skipped").inc()
-            copy_log.info("stale copy skipped: its record waits elsewhere")
-            return True
-        if turn == "absent":
-            copy_log.warning("ordered tier record in no key line; handled without order")
-            return False
-        # Not its turn: behind the record before it, wherever that one is now.
-        place = lines.before(topic, partition, key, offset)
-        # The same delivery, moved: its id, or for one written without (where it was
-        # read names it, not the original coordinates any producer can write).
-        read_at = (message.topic, message.partition, message.offset)
-        moved = dataclasses.replace(
-            delivery,
-            retry_at=max(now_ms(), delivery.retry_at + 1),
-            order="behind",
-            id=delivery.id or failure_request_id(self.group, delivery.attempt, read_at, None),
-        )
-        self._copy(message, place, moved)
-        lines.place(topic, partition, key, offset, place)
-        self.metrics.records.labels(route.topic, "moved_behind").inc()
-        copy_log.info("record moved behind the one before it in its key's line", to=place)
-        return True
-
-    def _copy(self, message: Message, tier: str, request: RetryHeaders) -> None:
-        """A record of a key's line written to ``tier``, on its partition."""
-        request = dataclasses.replace(request, id=request.id or request_id(request))
-        self.publisher.send(
-            tier,
-            key=message.key,
-            value=message.raw_value,
-            user_headers=message.headers,
-            redrive=request,
-            partition=message.partition,
-        )
-
-    def _behind(self, route: Route, message: Message) -> None:
-        """A record of a held key: to the retry service, behind the record it waits for
-        (not handled, so not failed: attempt 0, due at once when its turn comes)."""
-        request = RetryHeaders(
-            destination=route.topic,
-            retry_at=now_ms(),
-            attempt=0,
-            partition=message.partition,
-            group=self.group,
-            original_topic=message.topic,
-            original_partition=message.partition,
-            original_offset=message.offset,
-            original_timestamp=message.timestamp_ms,
-            order="behind",
-        )
-        request = dataclasses.replace(request, id=request_id(request))
-        self.publisher.send(
-            self.requests_topic,
-            key=message.key,
-            value=message.raw_value,
-            user_headers=message.headers,
-            redrive=request,
-        )
-        assert message.key is not None  # only keyed records are held
-        self.held.hold(message.topic, message.partition, message.key, message.offset)
-        self.metrics.records.labels(route.topic, "held_behind").inc()
-        log.info(
-            "record waits behind its key's retry",
-            topic=message.topic,
-            partition=message.partition,
-            offset=message.offset,
-        )
-
-    def _release(self, route: Route, delivery: RetryHeaders, key: bytes | None) -> None:
-        """The App is done with a record of a key's queue (handled, or a dead letter):
-        the retry service may deliver the next; the key is free if it was the last."""
-        topic = delivery.original_topic
-        partition = delivery.original_partition
-        offset = delivery.original_offset
-        if topic is None or partition is None or offset is None:
-            return  # not a request redrive wrote: no queue to name
-        if route.lines_in_tiers:  # the line is the App's own: the next copy comes
-            if key is not None and topic == route.topic:
-                self.lines.done(topic, partition, key, offset)
-            return
-        release = RetryHeaders(
-            destination=delivery.destination,
-            retry_at=now_ms(),
-            attempt=delivery.attempt,
-            group=self.group,
-            original_topic=topic,
-            original_partition=partition,
-            original_offset=offset,
-            order="release",
-        )
-        release = dataclasses.replace(release, id=request_id(release))
-        self.publisher.send(
-            self.requests_topic, key=key, value=None, user_headers=[], redrive=release
-        )
-        if key is not None:
-            self.held.done(topic, partition, key, offset)
+                self.keys.release(route, retry, message.key)
 
     def remember(self, message: Message) -> None:
         """A redelivered record was handled: a later delivery of it is a repeat."""
@@ -385,7 +232,7 @@ class Records:
             )
             # Released again if it left its queue: the first release may be lost.
             if delivery.order is not None and self.repeats.left_queue(delivery.id):
-                self._release(route, delivery, record.key())
+                self.keys.release(route, delivery, record.key())
             return None
         if delivery is not None and kind != "source":  # a tier record may not be due yet
             wait = route.plan.hold(route, topic, partition, offset, delivery)
@@ -507,7 +354,7 @@ class Records:
             self._dead_letter(route, failure, outcome, message, error)
             self.remember_handed_off(message.retry, done=True)
             if message.retry is not None and message.retry.order is not None:
-                self._release(route, message.retry, message.key)
+                self.keys.release(route, message.retry, message.key)
             return None if circuit is None else circuit.failed(outcome, None)
         wait = self._retry(route, failure, outcome, message, state, error)
         return wait if circuit is None else circuit.failed(outcome, wait)
@@ -537,7 +384,7 @@ class Records:
                 partition=outcome.target.partition,
             )
             if ordered:
-                self._hold(route, request, failure.key, outcome.target.topic)
+                self.keys.hold(route, request, failure.key, outcome.target.topic)
             self.remember_handed_off(failure.delivery, done=False)
         wait = route.plan.wait(outcome.decision)
         self.metrics.records.labels(route.topic, "retried").inc()
@@ -547,17 +394,6 @@ class Records:
             tp = (failure.topic, failure.partition)
             self.in_place[tp] = InPlace(failure.offset, failure.attempt, first)
         return wait
-
-    def _hold(self, route: Route, request: RetryHeaders, key: bytes | None, to: str) -> None:
-        """A record of an ordered route was handed off (to topic ``to``): its key is held."""
-        topic, partition = request.original_topic, request.original_partition
-        offset = request.original_offset
-        if key is None or topic is None or partition is None or offset is None:
-            return
-        if route.lines_in_tiers:
-            self.lines.place(topic, partition, key, offset, to)
-        else:
-            self.held.hold(topic, partition, key, offset)
 
     def _reject(
         self,
@@ -575,7 +411,7 @@ class Records:
         self._dead_letter(route, failure, outcome, message, error)
         self.remember_handed_off(failure.delivery, done=True)
         if failure.delivery is not None and failure.delivery.order is not None:
-            self._release(route, failure.delivery, failure.key)
+            self.keys.release(route, failure.delivery, failure.key)
 
     def _dead_letter_topic(self, route: Route) -> str:
         return self.requests_topic if route.dead_letters == "service" else route.dlq_topic

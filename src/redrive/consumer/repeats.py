@@ -21,8 +21,21 @@ aborted hand-off would lose it.
 
 from __future__ import annotations
 
+from redrive.errors import ConfigError
+
 DEFAULT_REPEAT_WINDOW = 100_000
 """Ids remembered by default: about 10 MB, hours of redeliveries for most apps."""
+
+
+def checked_window(size: object) -> int:
+    """``App(repeat_window=...)`` as given, or a ConfigError naming it."""
+    if type(size) is not int or size < 0:
+        raise ConfigError(
+            "App(repeat_window=...)",
+            f"{size!r} is not a whole number >= 0",
+            f"use the default {DEFAULT_REPEAT_WINDOW}, or 0 to handle repeats again",
+        )
+    return size
 
 
 class RecentIds:

@@ -1,0 +1,128 @@
+"""The records of the key-order chaos test (tests/chaos/test_key_order.py): what each
+does in the handler, and when each goes out."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Producer
+
+from tests.chaos.harness import MODE
+
+KEYS = 1000
+SEQS = 20
+PRODUCE_S = 90.0 if MODE.name == "long" else 20.0
+"""Production spans this long (see :func:`schedule`)."""
+BURSTS = 4
+
+
+def marker(rng: random.Random) -> str:
+    """What the handler does with a record (see app_process.py): ~6.5% of records fail,
+    which makes ~10% of the handler's calls fail."""
+    roll = rng.random()
+    if roll < 0.035:
+        return ":f1"
+    if roll < 0.050:
+        return rng.choice([":f2", ":f3"])
+    if roll < 0.058:
+        return ":x"
+    if roll < 0.065:
+        return ":f9"
+    return ""
+
+
+@dataclass(frozen=True)
+class Plan:
+    values: dict[tuple[str, int], str]
+    """(key, seq) -> value, e.g. ("k0042", 7) -> "k0042:07:f1"."""
+
+    @property
+    def dead(self) -> set[tuple[str, int]]:
+        """The records that end as dead letters (`:x`, `:f9`)."""
+        return {ks for ks, v in self.values.items() if v.endswith((":x", ":f9"))}
+
+    @property
+    def clean_keys(self) -> set[str]:
+        """The keys none of whose records fails."""
+        failing = {k for (k, _), v in self.values.items() if v.count(":") > 1}
+        return {k for k, _ in self.values} - failing
+
+
+def plan_records(rng: random.Random) -> Plan:
+    values = {}
+    for k in range(KEYS):
+        key = f"k{k:04d}"
+        for seq in range(SEQS):
+            values[(key, seq)] = f"{key}:{seq:02d}{marker(rng)}"
+    return Plan(values)
+
+
+def schedule() -> list[tuple[float, str, range]]:
+    """When each burst of records goes out: (seconds after the start, key, seqs). A
+    key's 20 records go in BURSTS bursts of consecutive seqs, PRODUCE_S / BURSTS apart;
+    the keys' bursts are spread evenly over that interval. Within a burst the records
+    follow each other closely: a failure holds the key while the rest of the burst
+    arrives (they go behind it); between bursts the key is often free again."""
+    size = SEQS // BURSTS
+    slot = PRODUCE_S / BURSTS
+    return sorted(
+        ((burst + k / KEYS) * slot, f"k{k:04d}", range(burst * size, (burst + 1) * size))
+        for k in range(KEYS)
+        for burst in range(BURSTS)
+    )
+
+
+class Bursts(threading.Thread):
+    """Produces the records on :func:`schedule`, from `started` (time.monotonic())."""
+
+    def __init__(self, bootstrap: str, topic: str, plan: Plan) -> None:
+        super().__init__(name="key-order-bursts", daemon=True)
+        self.bootstrap = bootstrap
+        self.topic = topic
+        self.plan = plan
+        self.started = time.monotonic()
+        self.error: BaseException | None = None
+        self.acked = 0
+
+    def run(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:
+            self.error = exc
+
+    def _run(self) -> None:
+        producer = Producer(
+            {"bootstrap.servers": self.bootstrap, "linger.ms": 5, "enable.idempotence": True}
+        )
+
+        def acked(err: Any, _msg: Any) -> None:
+            if err is None:
+                self.acked += 1
+
+        for at, key, seqs in schedule():
+            while (left := self.started + at - time.monotonic()) > 0:
+                producer.poll(min(left, 0.1))
+            for seq in seqs:
+                value = self.plan.values[(key, seq)]
+                while True:
+                    try:
+                        producer.produce(
+                            self.topic, key=key.encode(), value=value.encode(), on_delivery=acked
+                        )
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+                producer.poll(0)
+        assert producer.flush(120) == 0, "records not acknowledged"
+        producer.close()
+
+    def finish(self, timeout_s: float = 180) -> int:
+        self.join(timeout_s)
+        if self.error is not None:
+            raise self.error
+        assert not self.is_alive(), "production did not end"
+        return self.acked
