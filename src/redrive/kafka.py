@@ -14,7 +14,7 @@ import operator
 from collections.abc import Callable, Sequence
 from typing import Any, Final, cast
 
-from confluent_kafka import Consumer, KafkaError, Message, Producer
+from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Consumer, KafkaError, Message, Producer
 
 from redrive.headers import Header
 
@@ -89,6 +89,13 @@ def _cause(exc: BaseException) -> str:
             return f"first bad name {seen.object[:100]!r}"
         seen = seen.__cause__ or seen.__context__
     return f"{type(exc).__name__} from confluent-kafka"
+
+
+def message_time(msg: Message) -> int | None:
+    """A message's own timestamp; None when it has none (type 0) or it is negative: the
+    only negative time a producer may mean is -1, none, and a later header cannot hold it."""
+    kind, value = msg.timestamp()
+    return value if kind != TIMESTAMP_NOT_AVAILABLE and value >= 0 else None
 
 
 def headers_of(msg: Message) -> list[Header]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Final
 
-from confluent_kafka import TIMESTAMP_NOT_AVAILABLE, Message
+from confluent_kafka import Message
 
 from redrive.headers import (
     DESTINATION,
@@ -38,7 +38,7 @@ from redrive.headers import (
     failure_id,
     split_headers,
 )
-from redrive.kafka import read_headers
+from redrive.kafka import message_time, read_headers
 from redrive.reasons import DeadLetterReason
 from redrive.records import (
     DeadLetterRecord,
@@ -64,7 +64,7 @@ class Incoming:
     # What could not be read of the headers (see redrive.kafka.read_headers), if any.
     header_problem: str | None = None
     timestamp_ms: int | None = None
-    """The message's own timestamp (None: it has none)."""
+    """The message's own timestamp (None: it has none, :func:`redrive.kafka.message_time`)."""
 
     @classmethod
     def from_message(cls, msg: Message) -> Incoming:
@@ -73,8 +73,7 @@ class Incoming:
         if topic is None or partition is None or offset is None:
             raise ValueError("a message without coordinates is an error event, not a request")
         headers, problem = read_headers(msg)
-        kind, stamp = msg.timestamp()
-        timestamp = stamp if kind != TIMESTAMP_NOT_AVAILABLE else None
+        timestamp = message_time(msg)
         return cls(topic, partition, offset, msg.key(), msg.value(), headers, problem, timestamp)
 
     @property

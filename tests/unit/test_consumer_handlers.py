@@ -14,11 +14,11 @@ from confluent_kafka import Message as KafkaMessage
 from redrive import App, Message
 from redrive.consumer import AsyncHandlerError
 from redrive.consumer.handlers import is_async_callable, refuse_awaitable
-from redrive.consumer.records import record_timestamp
 from redrive.consumer.routes import Route
 from redrive.consumer.transactions import transactional_id
 from redrive.errors import ConfigError
 from redrive.headers import MAX_INT32, MAX_INT64, RetryHeaders, encode
+from redrive.kafka import message_time
 from redrive.policy import policy
 from redrive.router import header_time, read_delivery
 
@@ -158,7 +158,7 @@ def record(timestamp: tuple[int, int]) -> KafkaMessage:
 def test_record_times_are_read_as_a_header_can_hold_them(
     timestamp: tuple[int, int], expected: int | None
 ) -> None:
-    assert record_timestamp(record(timestamp)) == expected
+    assert message_time(record(timestamp)) == expected
     if expected is not None:  # and they make valid redrive headers
         RetryHeaders(destination="t", retry_at=0, original_timestamp=expected)
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import fields
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,8 +24,6 @@ from redrive.headers import (
 )
 
 pytestmark = pytest.mark.unit
-
-DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 REQUIRED = [(H.DESTINATION, b"orders"), (H.RETRY_AT, b"1700000000000")]
 

@@ -5,7 +5,6 @@ a failure (:func:`redrive.headers.next_request`) and the ids that name requests.
 from __future__ import annotations
 
 import doctest
-from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -33,16 +32,6 @@ pytestmark = pytest.mark.unit
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 REQUIRED = [(H.DESTINATION, b"orders"), (H.RETRY_AT, b"1700000000000")]
-
-
-def reject(headers: Sequence[tuple[str, bytes | None]], header: str | None, problem: str) -> None:
-    """decode() must fail naming ``header`` with ``problem`` in the message."""
-    with pytest.raises(HeaderError) as caught:
-        decode(headers)
-    assert caught.value.header == header
-    assert problem in caught.value.problem
-    expected = f"{header}: {caught.value.problem}" if header else caught.value.problem
-    assert str(caught.value) == expected
 
 
 # ---------------------------------------------------------------- caps

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -24,15 +23,7 @@ from redrive.policy import (
 
 pytestmark = pytest.mark.unit
 
-DOCS = Path(__file__).resolve().parents[2] / "docs"
 M, H, S = 60_000, 3_600_000, 1000
-
-
-class NoJitter(random.Random):
-    """Draws 0 every time: delays come out at their nominal (largest) value."""
-
-    def random(self) -> float:
-        return 0.0
 
 
 def delays(schedule: str | list[float], n: int = 20) -> list[int | None]:

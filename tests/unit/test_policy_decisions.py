@@ -44,21 +44,6 @@ class NoJitter(random.Random):
         return 0.0
 
 
-def delays(schedule: str | list[float], n: int = 20) -> list[int | None]:
-    parsed = parse_schedule(schedule)
-    return [parsed.delay_ms(i) for i in range(1, n + 1)]
-
-
-def bad(spec: object, *fragments: str, position: int | None = None) -> PolicyError:
-    with pytest.raises(PolicyError) as caught:
-        policy(spec)  # type: ignore[arg-type]
-    for fragment in fragments:
-        assert fragment in str(caught.value)
-    if position is not None:
-        assert caught.value.position == position
-    return caught.value
-
-
 # ---------------------------------------------------------------- decisions
 
 

@@ -49,7 +49,7 @@ from redrive.headers import (
     RetryHeaders,
     is_redrive_header,
 )
-from redrive.kafka import read_headers
+from redrive.kafka import message_time, read_headers
 from redrive.policy import DeadLetter, Retry
 from redrive.router import DeadLettered, FailedRecord, Retried, read_delivery
 
@@ -465,20 +465,13 @@ def _failure(
         topic,
         partition,
         offset,
-        record_timestamp(record),
+        message_time(record),
         record.key(),
         record.value(),
         headers,
         delivery,
         attempt,
     )
-
-
-def record_timestamp(record: KafkaMessage) -> int | None:
-    """The record's time; None when it has none (type 0) or it is negative: the only
-    negative time a producer may mean is -1, none, and a later header cannot hold it."""
-    kind, value = record.timestamp()
-    return value if kind != 0 and value >= 0 else None
 
 
 def safe_repr(value: object, limit: int | None = 200) -> str:

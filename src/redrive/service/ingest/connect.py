@@ -11,10 +11,6 @@ from typing import Final
 
 from redrive.header_fields import FailureHistory
 from redrive.headers import (
-    MAX_ERROR_MESSAGE_BYTES,
-    MAX_ERROR_TRACE_BYTES,
-    MAX_INT32,
-    MAX_INT64,
     MAX_VALUE_BYTES,
     Header,
 )
@@ -28,7 +24,6 @@ _ORIGINS: Final = frozenset(f"{PREFIX}{name}" for name in ("topic", "partition",
 
 def _read(meta: list[Header], incoming: Incoming) -> r.Fields:
     m = r.Meta(meta, _ORIGINS)
-    topic = m.get(f"{PREFIX}topic", r.topic)
     context = [
         f"{label} {r.short(value)}"
         for label, name in (
@@ -38,14 +33,11 @@ def _read(meta: list[Header], incoming: Incoming) -> r.Fields:
         )
         if (value := m.get(PREFIX + name, r.text(MAX_VALUE_BYTES))) is not None
     ]
+    error = [f"{PREFIX}exception.{name}" for name in ("class.name", "message", "stacktrace")]
     history = FailureHistory(
-        original_topic=topic,
-        original_partition=m.get(f"{PREFIX}partition", r.decimal(MAX_INT32)),
-        original_offset=m.get(f"{PREFIX}offset", r.decimal(MAX_INT64)),
-        original_timestamp=r.record_time(incoming.timestamp_ms) if m else None,
-        error_type=m.get(f"{PREFIX}exception.class.name", r.text(MAX_VALUE_BYTES)),
-        error_message=m.get(f"{PREFIX}exception.message", r.text(MAX_ERROR_MESSAGE_BYTES)),
-        error_trace=m.get(f"{PREFIX}exception.stacktrace", r.text(MAX_ERROR_TRACE_BYTES, "end")),
+        **r.text_origin(m, PREFIX),
+        original_timestamp=incoming.timestamp_ms if m else None,
+        **r.text_error(m, *error),
     )
     what = "Kafka Connect dead letter" if m else "record without __connect.errors. headers"
     about = f" ({', '.join(context)})" if context else ""

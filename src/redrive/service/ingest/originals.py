@@ -19,7 +19,6 @@ from typing import Any, Final
 
 import structlog
 from confluent_kafka import (
-    TIMESTAMP_NOT_AVAILABLE,
     Consumer,
     KafkaError,
     KafkaException,
@@ -27,7 +26,7 @@ from confluent_kafka import (
 )
 
 from redrive.deadlines import Deadline
-from redrive.kafka import read_headers
+from redrive.kafka import message_time, read_headers
 from redrive.records import DeadLetterRecord
 from redrive.service.ingest import IngestedLetter
 from redrive.topic_admin import MetadataUnavailable
@@ -119,9 +118,7 @@ class Originals:
                 if at > offset:
                     return None  # compacted away, or an aborted transaction's
                 headers, _ = read_headers(msg)
-                kind, stamp = msg.timestamp()
-                timestamp = stamp if kind != TIMESTAMP_NOT_AVAILABLE and stamp >= 0 else None
-                return msg.key(), msg.value(), headers, timestamp
+                return msg.key(), msg.value(), headers, message_time(msg)
         finally:
             consumer.unassign()
         raise MetadataUnavailable(f"cannot read {topic}[{partition}]@{offset} in time")

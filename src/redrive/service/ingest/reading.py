@@ -12,10 +12,19 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Final, Literal, TypeVar
+from typing import Any, Final, Literal, TypeVar
 
 from redrive.header_fields import FailureHistory
-from redrive.headers import MAX_INT64, Header, cap_text, is_topic_name
+from redrive.headers import (
+    MAX_ERROR_MESSAGE_BYTES,
+    MAX_ERROR_TRACE_BYTES,
+    MAX_INT32,
+    MAX_INT64,
+    MAX_VALUE_BYTES,
+    Header,
+    cap_text,
+    is_topic_name,
+)
 from redrive.reasons import DeadLetterReason
 
 T = TypeVar("T")
@@ -141,9 +150,25 @@ def timestamp(value: object) -> int | None:
     return None if number == _NO_TIMESTAMP else in_range(number, MAX_INT64)
 
 
-def record_time(timestamp_ms: int | None) -> int | None:
-    """A record's own timestamp as a letter's original time (none: None)."""
-    return timestamp_ms if timestamp_ms is not None and timestamp_ms >= 0 else None
+def text_origin(m: Meta, prefix: str) -> dict[str, Any]:
+    """Where the failed record was read, from ``<prefix>topic``, ``<prefix>partition``
+    and ``<prefix>offset`` in UTF-8 text, the numbers in decimal (as Connect, Streams
+    and a share group's DLQ write them): :class:`FailureHistory` fields."""
+    return {
+        "original_topic": m.get(f"{prefix}topic", topic),
+        "original_partition": m.get(f"{prefix}partition", decimal(MAX_INT32)),
+        "original_offset": m.get(f"{prefix}offset", decimal(MAX_INT64)),
+    }
+
+
+def text_error(m: Meta, type_name: str, message: str, trace: str) -> dict[str, Any]:
+    """The failure from the headers named: its class, message and stack trace, in UTF-8
+    text, capped as a request's are: :class:`FailureHistory` fields."""
+    return {
+        "error_type": m.get(type_name, text(MAX_VALUE_BYTES)),
+        "error_message": m.get(message, text(MAX_ERROR_MESSAGE_BYTES)),
+        "error_trace": m.get(trace, text(MAX_ERROR_TRACE_BYTES, "end")),
+    }
 
 
 def short(value: str) -> str:

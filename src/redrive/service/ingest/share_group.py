@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Final
 
 from redrive.header_fields import FailureHistory
-from redrive.headers import MAX_ERROR_MESSAGE_BYTES, MAX_INT32, MAX_INT64, MAX_VALUE_BYTES, Header
+from redrive.headers import MAX_ERROR_MESSAGE_BYTES, MAX_INT32, MAX_VALUE_BYTES, Header
 from redrive.requests import Incoming
 from redrive.service.ingest import reading as r
 from redrive.service.ingest.dialect import Dialect, described
@@ -27,13 +27,10 @@ PREFIX: Final = "__dlq.errors."
 
 def _read(meta: list[Header], incoming: Incoming) -> r.Fields:
     m = r.Meta(meta)
-    topic = m.get(f"{PREFIX}topic", r.topic)
     group = m.get(f"{PREFIX}group", r.text(MAX_VALUE_BYTES))
     history = FailureHistory(
         group=group,
-        original_topic=topic,
-        original_partition=m.get(f"{PREFIX}partition", r.decimal(MAX_INT32)),
-        original_offset=m.get(f"{PREFIX}offset", r.decimal(MAX_INT64)),
+        **r.text_origin(m, PREFIX),
         error_message=m.get(f"{PREFIX}message", r.text(MAX_ERROR_MESSAGE_BYTES)),
     )
     deliveries = m.get(f"{PREFIX}delivery.count", r.decimal(MAX_INT32))
@@ -45,7 +42,11 @@ def _read(meta: list[Header], incoming: Incoming) -> r.Fields:
     what = "Kafka share-group dead letter" if m else "record without __dlq.errors. headers"
     about = f" ({', '.join(context)})" if context else ""
     copied = incoming.key is not None or incoming.value is not None
-    located = None not in (topic, history.original_partition, history.original_offset)
+    located = None not in (
+        history.original_topic,
+        history.original_partition,
+        history.original_offset,
+    )
     return described(
         m,
         incoming,

@@ -234,14 +234,20 @@ def insert_batch(
 def _insert_dead(
     cur: psycopg.Cursor[Any], dead: Sequence[DeadLetterRecord], read_again: list[DeadLetterRecord]
 ) -> list[DeadLetterRecord]:
-    """Insert the letters; those stored before (the unique index on where they were
-    read: an ingested letter read again) go to ``read_again``. The letters stored."""
-    cur.executemany(_INSERT_DEAD, [_dead_params(r) for r in dead], returning=True)
-    stored: list[DeadLetterRecord] = []
-    for letter in dead:
-        (stored if cur.fetchone() is not None else read_again).append(letter)
+    """Insert the letters. A request's letter is new (its identity was accepted just
+    now); an ingested one has no identity, so the unique index on where it was read
+    says whether it was stored before: those go to ``read_again``. The letters stored."""
+    requested = [r for r in dead if r.identity is not None]
+    ingested = [r for r in dead if r.identity is None]
+    if requested:
+        cur.executemany(_INSERT_DEAD, [_dead_params(r) for r in requested])
+    if not ingested:
+        return requested
+    cur.executemany(_INSERT_DEAD, [_dead_params(r) for r in ingested], returning=True)
+    for letter in ingested:
+        (requested if cur.fetchone() is not None else read_again).append(letter)
         cur.nextset()
-    return stored
+    return requested
 
 
 def prune_accepted(conn: psycopg.Connection[Any], *, before_ms: int, limit: int) -> int:
