@@ -59,6 +59,9 @@ MAX_OFFSETS_PER_TRIGGER = 10_000
 # this rate, each due at random 1-10 s after it is sent.
 LATENESS_RATE = 2_000
 LATENESS_S = 30
+# The streaming delivery comparison runs each side four times: fewer records keep it
+# to minutes.
+DELIVERY_RECORDS = 100_000
 
 
 def handler(key: bytes | None, value: bytes | None, headers: Any, attempt: int) -> bytes:
@@ -86,6 +89,7 @@ def plain(batches: Iterable[Any]) -> Iterator[Any]:
 
 
 def run(bootstrap: str, n: int) -> list[Result]:
+    from bench.spark_delivery import delivery
     from redrive.spark.session import spark_session
 
     full = n >= 100_000  # else a smoke run (--quick): a few samples, a few seconds
@@ -93,6 +97,7 @@ def run(bootstrap: str, n: int) -> list[Result]:
     try:
         return [
             pipeline(spark, bootstrap, n),
+            delivery(spark, bootstrap, min(n, DELIVERY_RECORDS)),
             latency(spark, bootstrap, samples=50 if full else 5),
             scheduler(spark, bootstrap, n),
             scheduler_lateness(spark, bootstrap, LATENESS_RATE, LATENESS_S if full else 3),

@@ -12,8 +12,8 @@ import typer
 from redrive import __version__
 from redrive.errors import ConfigError, RedriveError
 from redrive.local_commands import local_app
-from redrive.spark.pipeline_command import Broker
 from redrive.spark.pipeline_command import command as pipeline_command
+from redrive.spark.pipeline_settings import Broker
 
 if TYPE_CHECKING:
     from redrive.service.config import ServiceSettings

@@ -146,14 +146,27 @@ def test_kafka_broker_stopped_and_restarted_under_retries_loses_nothing(
         cleanup.pop_all()
         codes = {s: app.terminate() for s, app in apps.items()}
         service_code = service.terminate()
-    assert {s: r.lost for s, r in results.items()} == dict.fromkeys(APP_STRATEGIES, 0), (
-        "messages lost"
+    lost = {s: r.lost for s, r in results.items()}
+    assert lost == dict.fromkeys(APP_STRATEGIES, 0), (
+        f"messages lost; what the service and the apps that lost some said:\n"
+        f"{warnings_in(service.logs())}\n"
+        + "\n".join(warnings_in(apps[s].log_tail(400)) for s, n in lost.items() if n)
     )
     assert early == dict.fromkeys(APP_STRATEGIES, 0), f"retries handled before due: {early}"
     assert all(alive.values()), f"an app died during the outage: {alive}"
     assert ready, "/readyz did not answer 200 after the broker came back"
     assert all(probed.values()), f"an app does not handle new messages: {probed}"
     assert codes == dict.fromkeys(APP_STRATEGIES, 0) and service_code == 0
+
+
+def warnings_in(log: str, most: int = 40) -> str:
+    """The last warning and error lines of a log: what a failed run shows of it."""
+    lines = [
+        line
+        for line in log.splitlines()
+        if any(level in line for level in ("[warning", "[error", "[critical", "|ERROR|", "Error"))
+    ]
+    return "\n".join(lines[-most:]) or "(no warnings)"
 
 
 # ---------------------------------------------------------------------- 3. PostgreSQL restart

@@ -8,7 +8,10 @@ back through the Spark scheduler, some are dead letters. Once results are flowin
 worker is killed with SIGKILL: its executor dies with it, and Spark runs the lost
 tasks again on the executor left. Then every record must be accounted for: each good
 one handled, each fatal one dead-lettered, each retry delivered (never before due) and
-handled. Delivery is at-least-once: duplicates are counted and printed, losses fail.
+handled. The pipeline writes exactly once (its default): a read_committed reader sees
+each result and each retry request once, the lost task's re-run included. What the
+scheduler writes (deliveries, dead letters) is at least once: its duplicates are
+counted and printed; losses fail.
 """
 
 from __future__ import annotations
@@ -359,8 +362,10 @@ def test_pipeline_and_scheduler_on_a_cluster_survive_a_lost_worker(
             f"{finished - killed_at:.1f} s after the kill, {finished - started:.1f} s "
             "after spark-submit"
         )
-        # Nothing lost, nothing invented; duplicates are allowed (at-least-once).
+        # Nothing lost, nothing invented; the pipeline's outputs once each.
         assert set(outputs) == good
+        assert duplicates(outputs) == 0, "a result written twice"
+        assert duplicates(values(reader.of(requests))) == 0, "a request written twice"
         assert set(letters) == fatal
         assert set(retries) == flaky
         assert set(came_back) == flaky

@@ -1,8 +1,11 @@
 """A Spark pipeline stopped with Ctrl-C while a batch's tasks run, then started again
-from its checkpoint: the batch runs again and writes its retry requests and dead
-letters again; the retry service, their receiver, keeps one of each. Every record
-ends handled or dead-lettered, no retry is delivered twice and no dead letter is
-stored twice.
+from its checkpoint: the batch runs again. Every record ends handled or dead-lettered,
+no retry is delivered twice and no dead letter is stored twice:
+
+- with exactly-once delivery (the default), the re-run writes nothing the first run
+  committed: a ``read_committed`` reader sees each result and each request once;
+- at least once, it writes its retry requests and dead letters again, and the retry
+  service, their receiver, keeps one of each.
 
 The handler (tests/spark/pipeline_handlers.py:handle_slowly) notes each call in a
 file, which is how the test sees the batch half done.
@@ -127,7 +130,9 @@ def received(service: RetryService) -> float:
     return value or 0.0
 
 
+@pytest.mark.parametrize("delivery", ["exactly-once", "at-least-once"])
 def test_a_pipeline_stopped_mid_batch_and_restarted_repeats_no_hand_off(
+    delivery: str,
     bootstrap: str,
     database_url: str,
     new_topic: Callable[..., str],
@@ -144,6 +149,7 @@ def test_a_pipeline_stopped_mid_batch_and_restarted_repeats_no_hand_off(
         *("--policy", "1s x3", "--checkpoint", str(tmp_path / "ckpt")),
         *("--retry-on", f"{HANDLERS}.Declined", "--fatal-on", "ValueError"),
         *("--trigger", "500 milliseconds", "--bootstrap", bootstrap),
+        *("--delivery", delivery),
     ]
     produce(bootstrap, source, records())
     sent = {r["value"] for r in records()}
@@ -197,9 +203,15 @@ def test_a_pipeline_stopped_mid_batch_and_restarted_repeats_no_hand_off(
                 reader.poll(0.5)
             written = [dict(m.headers).get(ID) for m in reader.of(requests)]
             assert None not in written, "every request carries its redrive-id"
-            assert repeats(service) == len(written) - len(set(written)) > 0, (
-                "the re-run batch repeated nothing"
-            )
+            if delivery == "exactly-once":
+                assert len(written) == len(set(written)), "a request written twice"
+                assert repeats(service) == 0
+                results = Counter(m.value for m in reader.of(output))
+                assert [r for r, n in results.items() if n > 1] == [], "a result written twice"
+            else:
+                assert repeats(service) == len(written) - len(set(written)) > 0, (
+                    "the re-run batch repeated nothing"
+                )
             letters = dead_letters(db)
             print(
                 f"stopped after {handled_before} handler calls; {len(written)} requests written, "

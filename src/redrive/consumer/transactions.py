@@ -26,15 +26,13 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from typing import Final
 
 import structlog
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
-log = structlog.get_logger("redrive.consumer")
+from redrive.transactional import TIMEOUT_S, retry_transactional
 
-TIMEOUT_S: Final = 30.0
-"""How long one transactional call (init, offsets, commit, abort) may take."""
+log = structlog.get_logger("redrive.consumer")
 
 
 def transactional_id(group: str, instance_id: str | None) -> str:
@@ -83,17 +81,3 @@ class Transactions:
     @staticmethod
     def _retry(call: Callable[[], object]) -> None:
         retry_transactional(call)
-
-
-def retry_transactional(call: Callable[[], object]) -> None:
-    """A transactional call (init, offsets, commit, abort), again while the error is a
-    passing one."""
-    for attempt in range(10):
-        try:
-            call()
-            return
-        except KafkaException as exc:
-            error = exc.args[0]
-            if not error.retriable() or attempt == 9:
-                raise
-            log.info("transactional call failed; trying again", error=error.str())

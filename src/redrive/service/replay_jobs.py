@@ -47,10 +47,10 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from redrive.consumer.transactions import TIMEOUT_S, retry_transactional
 from redrive.kafka import produce_patiently
 from redrive.service.replay import Replayer, ReplayRefused, replayed_message
 from redrive.service.store import Placed, ReplayJobStore, Row, StoreUnavailable
+from redrive.transactional import TIMEOUT_S, retry_transactional
 
 log = structlog.get_logger("redrive.service.replay")
 

@@ -83,19 +83,18 @@ class Scheduler:
         self.metrics = metrics
         self.stop = stop
         self.owner = f"{settings.group_id}-{uuid.uuid4().hex[:12]}"
-        self.producer = Producer(
-            {
-                **kafka_config,
-                "linger.ms": 2,
-                **settings.scheduler_kafka,
-                # What the delivery guarantee rests on, which settings may not change:
-                "enable.idempotence": True,  # acks=all, ordered, no duplicates from retries
-                # A delivery report only for a record that failed: a flush that ends
-                # with nothing left queued acknowledged every other one (`_produce`),
-                # so the success path builds no report message and calls no Python.
-                "delivery.report.only.error": True,
-            }
-        )
+        self._producer_config = {
+            **kafka_config,
+            "linger.ms": 2,
+            **settings.scheduler_kafka,
+            # What the delivery guarantee rests on, which settings may not change:
+            "enable.idempotence": True,  # acks=all, ordered, no duplicates from retries
+            # A delivery report only for a record that failed: a flush that ends
+            # with nothing left queued acknowledged every other one (`_produce`),
+            # so the success path builds no report message and calls no Python.
+            "delivery.report.only.error": True,
+        }
+        self.producer = Producer(self._producer_config)
         self._wakeup = threading.Event()
         self._planned_wake_ms: float = math.inf
         self.healthy = True
@@ -178,6 +177,7 @@ class Scheduler:
         its own, so that one oversized message does not take its batch-mates with it
         to the dead letters."""
         outcome = self._produce(rows, timeout_s)
+        self._replace_if_fatal(outcome)
         suspects = [row for row, err in outcome.permanent if err.code() in _BATCH_WIDE]
         if len(suspects) < 2:
             return outcome
@@ -233,6 +233,23 @@ class Scheduler:
         outcome.acked = unreported
         self.metrics.lateness.observe_batch(now_ms(), [row.due_ms for row in unreported])
         return outcome
+
+    def _replace_if_fatal(self, outcome: _Outcome) -> None:
+        """An idempotent producer with a fatal error (its sequence lost with the
+        broker's state, say) fails every record from then on: the rows it failed are
+        due again soon anyway, so a new producer takes over, and they go."""
+        fatal = [
+            err
+            for _, err in outcome.transient
+            if err is not None and (err.fatal() or err.code() == KafkaError._FATAL)
+        ]
+        if not fatal:
+            return
+        log.error("delivery producer failed for good; replaced", error=fatal[0].str())
+        self.metrics.delivery_errors.labels("producer_replaced").inc()
+        old, self.producer = self.producer, Producer(self._producer_config)
+        old.purge()
+        old.close()
 
     @staticmethod
     def _settlement(outcome: _Outcome, expired: list[ClaimedRetry]) -> Settlement:

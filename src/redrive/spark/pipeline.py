@@ -47,15 +47,30 @@ its outcome goes), :mod:`redrive.spark.batches` (the executors' Arrow batches) a
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any, Final, TypedDict, Unpack
 
 from redrive.policy import policy as make_policy
-from redrive.spark.batches import handle_batches
+from redrive.spark.batches import handle_batch, handle_batches
+from redrive.spark.delivery import AtLeastOnce, Delivery, ExactlyOnce
+from redrive.spark.exactly_once import STATS_SCHEMA, TransactionalTarget, write_exactly_once
 from redrive.spark.output import OUTPUT_SCHEMA
 from redrive.spark.routing import DeadLetterTarget, Handler, RecordHandler, Routing, retry_topic
 from redrive.topic_names import REQUESTS_TOPIC
 
-__all__ = ["OUTPUT_SCHEMA", "Handler", "RetryOptions", "start_pipeline", "with_retries"]
+__all__ = [
+    "OUTPUT_SCHEMA",
+    "AtLeastOnce",
+    "Delivery",
+    "ExactlyOnce",
+    "Handler",
+    "RetryOptions",
+    "start_pipeline",
+    "with_retries",
+]
+
+EXACTLY_ONCE: Final = ExactlyOnce()
+OBSERVED_METRICS: Final = "redrive"
 
 REQUIRED_COLUMNS: Final = ("key", "value", "topic", "partition", "offset", "timestamp", "headers")
 
@@ -94,6 +109,14 @@ def with_retries(
     ``topic`` option (each row names its topic). Raises ``ValueError`` (or
     :class:`redrive.policy.PolicyError`) for a bad setting, before anything runs.
     """
+    record_handler = _record_handler(df, handler, policy, output_topic, group, options)
+    return _source(df).mapInArrow(handle_batches(record_handler), OUTPUT_SCHEMA)
+
+
+def _record_handler(
+    df: Any, handler: Handler, policy: Any, output_topic: str, group: str, options: RetryOptions
+) -> RecordHandler:
+    """The executors' per-record step, once the DataFrame and the options are checked."""
     unknown = sorted(set(options) - set(RetryOptions.__annotations__))
     if unknown:
         raise TypeError(f"unknown option(s) {unknown}; see RetryOptions")
@@ -116,7 +139,11 @@ def with_retries(
         dead_letters=options.get("dead_letters", "service"),
         dlq_topic=options.get("dlq_topic"),
     )
-    record_handler = RecordHandler(handler, make_policy(policy, **classification), routing)
+    return RecordHandler(handler, make_policy(policy, **classification), routing)
+
+
+def _source(df: Any) -> Any:
+    """The columns the executors read, from a Kafka source DataFrame."""
     from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
 
     # A record without headers has null headers; they go to Python as an empty array
@@ -126,7 +153,7 @@ def with_retries(
     # null headers costs time quadratic in its length (1.3 s per 200,000 records in
     # batches of 10,000, measured), an empty array nothing.
     headers = F.coalesce(F.col("headers"), F.array().cast(df.schema["headers"].dataType))
-    source = df.select(
+    return df.select(
         "topic",
         "partition",
         "offset",
@@ -135,7 +162,6 @@ def with_retries(
         "value",
         headers.alias("headers"),
     )
-    return source.mapInArrow(handle_batches(record_handler), OUTPUT_SCHEMA)
 
 
 def start_pipeline(
@@ -148,6 +174,7 @@ def start_pipeline(
     output_topic: str,
     group: str,
     checkpoint: str,
+    delivery: Delivery = EXACTLY_ONCE,
     trigger_interval: str = "1 second",
     starting_offsets: str = "earliest",
     max_offsets_per_trigger: int | None = None,
@@ -155,14 +182,18 @@ def start_pipeline(
     query_name: str | None = None,
     **options: Unpack[RetryOptions],
 ) -> Any:
-    """Read ``source_topics``, run :func:`with_retries`, write to Kafka; returns the query.
+    """Read ``source_topics``, handle each record with retries, write to Kafka; returns
+    the query.
 
-    With ``per_group_retry_topic`` the query also reads each ``<group>.<topic>.retry``.
-    Topics it writes to must exist (the output topic, the requests topic, retry and DLQ
-    topics): create them beforehand, as for any Kafka producer with topic creation
-    off. ``kafka_options`` are Spark Kafka options (``kafka.security.protocol``...)
-    given to both the source and the sink. ``checkpoint`` is the query's checkpoint
-    folder: the read offsets live there, so a restart resumes where it stopped.
+    ``delivery`` says how outputs are written: :class:`ExactlyOnce` (the default; the
+    source is then read ``read_committed``) or :class:`AtLeastOnce` (Spark's Kafka
+    sink). With ``per_group_retry_topic`` the query also reads each
+    ``<group>.<topic>.retry``. Topics it writes to must exist (the output topic, the
+    requests topic, retry and DLQ topics): create them beforehand, as for any Kafka
+    producer with topic creation off. ``kafka_options`` are Spark Kafka options
+    (``kafka.security.protocol``...) given to both the source and the sink.
+    ``checkpoint`` is the query's checkpoint folder: the read offsets live there, so a
+    restart resumes where it stopped.
     """
     topics = [source_topics] if isinstance(source_topics, str) else list(source_topics)
     if not topics:
@@ -170,6 +201,14 @@ def start_pipeline(
     if options.get("per_group_retry_topic"):
         topics += [retry_topic(group, t) for t in topics]
     extra = dict(kafka_options or {})
+    if isinstance(delivery, ExactlyOnce):
+        if "minPartitions" in extra:
+            raise ValueError(
+                "minPartitions splits a source partition among tasks, and exactly-once "
+                "output needs one task per partition: drop it, or use AtLeastOnce()"
+            )
+        # What the source reads must be committed: an upstream transaction may abort.
+        extra.setdefault("kafka.isolation.level", "read_committed")
     reader = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", bootstrap)
@@ -180,16 +219,36 @@ def start_pipeline(
     )
     if max_offsets_per_trigger is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
-    routed = with_retries(
-        reader.load(), handler, policy=policy, output_topic=output_topic, group=group, **options
-    )
-    writer = (
-        routed.writeStream.format("kafka")
-        .option("kafka.bootstrap.servers", bootstrap)
-        .options(**extra)
-        .option("checkpointLocation", checkpoint)
-        .trigger(processingTime=trigger_interval)
+    df = reader.load()
+    record_handler = _record_handler(df, handler, policy, output_topic, group, options)
+    if isinstance(delivery, ExactlyOnce):
+        target = TransactionalTarget(
+            delivery.name_for(group),
+            {"bootstrap.servers": bootstrap, **delivery.client_config},
+        )
+        written = _source(df).mapInArrow(
+            write_exactly_once(target, partial(handle_batch, record_handler)), STATS_SCHEMA
+        )
+        writer = _observed(written).writeStream.format("noop")
+    else:
+        routed = _source(df).mapInArrow(handle_batches(record_handler), OUTPUT_SCHEMA)
+        writer = (
+            routed.writeStream.format("kafka")
+            .option("kafka.bootstrap.servers", bootstrap)
+            .options(**extra)
+        )
+    writer = writer.option("checkpointLocation", checkpoint).trigger(
+        processingTime=trigger_interval
     )
     if query_name:
         writer = writer.queryName(query_name)
     return writer.start()
+
+
+def _observed(written: Any) -> Any:
+    """The tasks' counts, summed per micro-batch into the query's progress
+    (``observedMetrics["redrive"]``)."""
+    from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
+
+    sums = [F.sum(c).alias(c) for c in ("handled", "skipped", "written")]
+    return written.observe(OBSERVED_METRICS, *sums)

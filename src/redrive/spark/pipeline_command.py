@@ -22,77 +22,27 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Annotated, Any, Final
 
 import typer
 
 from redrive.errors import ConfigError, RedriveError
-from redrive.headers import MAX_TOPIC_LENGTH, is_topic_name
-from redrive.policy import Policy, PolicyError
-from redrive.policy import policy as make_policy
-from redrive.spark.handler_import import import_exception_classes, import_handler
+from redrive.spark import pipeline_checks
+from redrive.spark.delivery import AtLeastOnce, Delivery, ExactlyOnce
+from redrive.spark.handler_import import import_handler
 from redrive.spark.pipeline import start_pipeline
-from redrive.spark.routing import DeadLetterTarget, Handler, Routing
+from redrive.spark.pipeline_settings import (
+    Broker,
+    BrokerResolver,
+    CheckedPipeline,
+    DeadLetters,
+    DeliveryName,
+    PipelineSettings,
+)
 from redrive.spark.session import run_until_stopped, spark_session
 from redrive.topic_names import REQUESTS_TOPIC
 
 DEFAULT_MASTER: Final = "local[2]"
-
-
-@dataclass(frozen=True)
-class Broker:
-    """Where the pipeline reads and writes: the bootstrap servers, and librdkafka
-    settings (security...) for the topic checks, given to Spark's Kafka clients as
-    ``kafka.<name>`` options."""
-
-    bootstrap: str
-    client_config: Mapping[str, str] = field(default_factory=dict)
-
-
-BrokerResolver = Callable[[str | None], Broker]
-"""The broker for the ``--bootstrap`` option's value (None when not given)."""
-
-
-class DeadLetters(StrEnum):
-    """``--dead-letters``: the pipeline's ``dead_letters`` (Typer takes enums, not
-    Literal types)."""
-
-    service = "service"
-    topic = "topic"
-
-
-@dataclass(frozen=True)
-class PipelineSettings:
-    """What the command was asked to run, as given."""
-
-    handler: str
-    sources: tuple[str, ...]
-    output: str
-    group: str
-    policy: str
-    checkpoint: str
-    retry_on: tuple[str, ...] = ()
-    fatal_on: tuple[str, ...] = ()
-    requests_topic: str = REQUESTS_TOPIC
-    dead_letters: DeadLetterTarget = "service"
-    dlq_topic: str | None = None
-    per_group_retry_topic: bool = False
-    trigger: str = "1 second"
-    starting_offsets: str = "earliest"
-
-
-@dataclass(frozen=True)
-class CheckedPipeline:
-    """Settings that passed every check made without Spark, with what they name."""
-
-    settings: PipelineSettings
-    handler: Handler
-    policy: Policy
-    broker: Broker
-    master: str | None
-    """None: spark-submit's session."""
 
 
 def launched_by_spark_submit() -> bool:
@@ -133,20 +83,33 @@ def check(
             "add --dead-letters topic, or drop --dlq-topic (dead letters then go to the "
             "retry service through the requests topic)",
         )
-    _check_topic_names(settings)
+    spark_conf = pipeline_checks.pairs("--conf", settings.spark_conf)
+    if spark_conf and chosen_master is None:
+        raise ConfigError(
+            "--conf",
+            "spark-submit made the session already: this program runs under spark-submit",
+            "give --conf to spark-submit, before the program's file",
+        )
+    kafka = pipeline_checks.pairs("--kafka", settings.kafka)
+    pipeline_checks.max_offsets(settings.max_offsets_per_trigger)
+    pipeline_checks.check_topic_names(settings)
     handler = import_handler(settings.handler)
-    pipeline_policy = _policy(settings)
-    routing = _routing(settings)
-    broker = resolve_broker(bootstrap)
-    _check_topics_exist(broker, _topics(settings, routing))
-    return CheckedPipeline(settings, handler, pipeline_policy, broker, chosen_master)
+    pipeline_policy = pipeline_checks.policy(settings)
+    routing = pipeline_checks.routing(settings)
+    resolved = resolve_broker(bootstrap)
+    broker = Broker(resolved.bootstrap, {**resolved.client_config, **kafka})
+    pipeline_checks.check_topics_exist(broker, pipeline_checks.topics(settings, routing))
+    return CheckedPipeline(settings, handler, pipeline_policy, broker, chosen_master, spark_conf)
 
 
 def run(checked: CheckedPipeline) -> None:
     """Start the query and block until Ctrl-C or SIGTERM (then stop it cleanly and
     return) or until it fails (raise its exception)."""
     s = checked.settings
-    spark = _session(checked.master, f"redrive-pipeline-{s.group}")
+    spark = _session(checked.master, f"redrive-pipeline-{s.group}", checked.spark_conf)
+    delivery: Delivery = AtLeastOnce()
+    if s.delivery is DeliveryName.exactly_once:
+        delivery = ExactlyOnce(client_config=checked.broker.client_config)
     try:
         query = start_pipeline(
             spark,
@@ -159,6 +122,8 @@ def run(checked: CheckedPipeline) -> None:
             checkpoint=s.checkpoint,
             trigger_interval=s.trigger,
             starting_offsets=s.starting_offsets,
+            max_offsets_per_trigger=s.max_offsets_per_trigger,
+            delivery=delivery,
             kafka_options={f"kafka.{k}": v for k, v in checked.broker.client_config.items()},
             query_name=f"redrive-pipeline-{s.group}",
             requests_topic=s.requests_topic,
@@ -176,106 +141,12 @@ def run(checked: CheckedPipeline) -> None:
         spark.stop()
 
 
-def _session(master: str | None, app_name: str) -> Any:
+def _session(master: str | None, app_name: str, conf: Mapping[str, str]) -> Any:
     if master is None:  # spark-submit's: its master, jars (--jars) and --conf settings
         from pyspark.sql import SparkSession
 
         return SparkSession.builder.appName(app_name).getOrCreate()
-    return spark_session(app_name, master=master)
-
-
-def _policy(settings: PipelineSettings) -> Policy:
-    retry_on = import_exception_classes("--retry-on", settings.retry_on)
-    fatal_on = import_exception_classes("--fatal-on", settings.fatal_on)
-    try:
-        schedule = make_policy(settings.policy)
-    except PolicyError as exc:
-        raise ConfigError(
-            "--policy",
-            str(exc),
-            'e.g. "5s x3, 1m x2"; redrive policy explain "..." shows the timeline',
-        ) from None
-    try:
-        return make_policy(schedule, retry_on=retry_on, fatal_on=fatal_on)
-    except PolicyError as exc:
-        raise ConfigError("--retry-on/--fatal-on", str(exc)) from None
-
-
-def _check_topic_names(settings: PipelineSettings) -> None:
-    named = [("--source", t) for t in settings.sources] + [
-        ("--output", settings.output),
-        ("--requests-topic", settings.requests_topic),
-    ]
-    if settings.dlq_topic is not None:
-        named.append(("--dlq-topic", settings.dlq_topic))
-    for setting, topic in named:
-        if not is_topic_name(topic):
-            raise ConfigError(
-                setting,
-                f"{topic!r} is not a legal Kafka topic name",
-                f"use 1 to {MAX_TOPIC_LENGTH} characters of a-z A-Z 0-9 . _ -",
-            )
-
-
-def _routing(settings: PipelineSettings) -> Routing:
-    try:
-        return Routing(
-            output_topic=settings.output,
-            group=settings.group,
-            requests_topic=settings.requests_topic,
-            per_group_retry_topic=settings.per_group_retry_topic,
-            dead_letters=settings.dead_letters,
-            dlq_topic=settings.dlq_topic,
-        )
-    except ValueError as exc:  # the topics are checked already: the group's name
-        raise ConfigError(
-            "--group",
-            str(exc),
-            "name the group (with --per-group-retry-topic, in characters a topic name takes)",
-        ) from None
-
-
-def _topics(settings: PipelineSettings, routing: Routing) -> dict[str, str]:
-    """Each topic the query reads or writes, with the option it comes from."""
-    topics = {t: "--source" for t in settings.sources}
-    for source in settings.sources:
-        if settings.per_group_retry_topic:
-            topics[routing.retry_destination(source)] = "--per-group-retry-topic"
-        if settings.dead_letters == "topic":
-            topics[routing.dead_letter_topic(source)] = (
-                "--dlq-topic" if settings.dlq_topic else "--dead-letters topic"
-            )
-    topics[settings.output] = "--output"
-    topics[settings.requests_topic] = "--requests-topic"
-    return topics
-
-
-def _check_topics_exist(broker: Broker, topics: Mapping[str, str]) -> None:
-    """Every topic in ``topics`` (name -> the option naming it) exists: Spark's Kafka
-    sink does not create topics, and a source that does not exist reads nothing."""
-    from confluent_kafka.admin import AdminClient
-
-    from redrive.client_logs import with_client_logs
-    from redrive.topic_admin import MetadataUnavailable, TopicMetadata
-
-    config = {"bootstrap.servers": broker.bootstrap, **broker.client_config}
-    metadata = TopicMetadata(AdminClient(with_client_logs(config)))
-    try:
-        missing = {t: opt for t, opt in topics.items() if metadata.partitions_of(t) is None}
-    except MetadataUnavailable as exc:
-        raise ConfigError(
-            "--bootstrap",
-            f"cannot read the topics of the broker at {broker.bootstrap}: {exc}",
-            "check that the broker runs and is reachable from here, and the address",
-        ) from None
-    if missing:
-        options = sorted(set(missing.values()))
-        listed = ", ".join(f"{t!r} ({opt})" for t, opt in missing.items())
-        raise ConfigError(
-            "/".join(options),
-            f"no topic {listed} on the broker at {broker.bootstrap}",
-            "create it first (the pipeline creates no topic), or correct the name",
-        )
+    return spark_session(app_name, master=master, conf=conf)
 
 
 def command(resolve_broker: BrokerResolver) -> Callable[..., None]:
@@ -346,6 +217,35 @@ def command(resolve_broker: BrokerResolver) -> Callable[..., None]:
             ),
         ] = False,
         trigger: Annotated[str, typer.Option(help="Micro-batch interval.")] = "1 second",
+        max_offsets_per_trigger: Annotated[
+            int | None,
+            typer.Option(
+                help="Most records one micro-batch reads, over all source partitions "
+                "(default: all there are: a first batch takes the whole backlog)."
+            ),
+        ] = None,
+        delivery: Annotated[
+            DeliveryName,
+            typer.Option(
+                help="exactly-once: outputs in Kafka transactions, none written twice "
+                "after a restart or a lost task; at-least-once: Spark's Kafka sink."
+            ),
+        ] = DeliveryName.exactly_once,
+        conf: Annotated[
+            list[str] | None,
+            typer.Option(
+                help="A Spark setting key=value (spark.executor.memory=2g); repeatable. "
+                "Under spark-submit, give it to spark-submit."
+            ),
+        ] = None,
+        kafka: Annotated[
+            list[str] | None,
+            typer.Option(
+                help="A Kafka client setting key=value, librdkafka's names as in "
+                "App(kafka={...}) (security.protocol=SSL); repeatable. Also taken from "
+                "the retry service's file in REDRIVE_CONFIG."
+            ),
+        ] = None,
         starting_offsets: Annotated[
             str, typer.Option(help="Where a first run starts: earliest, latest or JSON.")
         ] = "earliest",
@@ -387,6 +287,10 @@ def command(resolve_broker: BrokerResolver) -> Callable[..., None]:
             per_group_retry_topic=per_group_retry_topic,
             trigger=trigger,
             starting_offsets=starting_offsets,
+            delivery=delivery,
+            max_offsets_per_trigger=max_offsets_per_trigger,
+            spark_conf=tuple(conf or ()),
+            kafka=tuple(kafka or ()),
         )
         run(check(settings, master=master, bootstrap=bootstrap, resolve_broker=resolve_broker))
 

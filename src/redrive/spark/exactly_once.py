@@ -1,0 +1,323 @@
+"""Exactly-once output: a task's outputs in Kafka transactions that say how far they go.
+
+A pipeline task handles one Kafka source partition's offsets of one micro-batch (the
+Kafka source makes one task per partition). With :class:`redrive.spark.delivery.
+ExactlyOnce` the task writes its outputs itself, with a transactional producer whose
+``transactional.id`` is the pipeline's and the source partition's
+(``<name>.<topic>.<partition>``), and each transaction also commits, as the offset of
+the consumer group ``<name>`` for that source partition, the source offset after the
+last record whose outputs it holds. Invariant: a record's outputs are visible to
+``read_committed`` readers if and only if the group's offset for its partition is
+past it. Hence:
+
+- a re-run of the task (a task retry, a lost executor, the query restarted from its
+  checkpoint) first asks the group how far the partition is written and skips the
+  records before that: the handler is not called for them, nothing is written twice;
+- an attempt still running elsewhere (a zombie) is fenced: a producer started with
+  the same ``transactional.id`` aborts the transaction it left open, and the
+  zombie's later calls fail;
+- a transaction covers at most :data:`COMMIT_EVERY_S` of handling, well inside the
+  transaction timeout, however long a batch is: a slow batch commits in steps, and
+  a re-run resumes after the last step.
+
+What the handler does besides returning its value stays at least once: a record
+whose transaction did not commit is handled again.
+
+Producers live as long as their Python worker (Spark reuses workers), one per
+source partition: a task of the next batch begins its transaction at once. A
+producer fenced meanwhile (the partition's task ran in another worker) is replaced,
+and its transaction made again from the rows it kept, if the group's offset is still
+where this transaction began; otherwise the task fails and Spark runs it again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+import structlog
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from redrive.client_logs import with_client_logs
+from redrive.headers import Header
+from redrive.kafka import produce_patiently
+from redrive.partitioners import DEFAULT_PARTITIONER, placed_by
+from redrive.transactional import TIMEOUT_S, retry_transactional
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+log = structlog.get_logger("redrive.spark")
+
+COMMIT_EVERY_S: Final = 5.0
+"""The longest stretch of handling one transaction covers."""
+SLICE_ROWS: Final = 1_000
+"""Records handled between two looks at the clock."""
+TRANSACTION_TIMEOUT_MS: Final = 60_000
+
+STATS_SCHEMA: Final = "handled LONG, skipped LONG, written LONG"
+"""The one row each task returns: records handled, records skipped (their outputs
+were written by an earlier attempt), output records written."""
+
+
+@dataclass(frozen=True)
+class TransactionalTarget:
+    """What the executors need to write transactionally (pickled to them)."""
+
+    name: str
+    client_config: Mapping[str, str]
+
+    def transactional_id(self, topic: str, partition: int) -> str:
+        return f"{self.name}.{topic}.{partition}"
+
+
+class WrittenElsewhere(Exception):
+    """Another attempt of this task committed part of its partition meanwhile."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Row:
+    topic: str
+    key: bytes | None
+    value: bytes | None
+    headers: list[Header]
+    partition: int | None
+
+
+class _Link:
+    """A transactional producer for one source partition, and the consumer that reads
+    the partition's progress (and names the group in each transaction)."""
+
+    def __init__(self, target: TransactionalTarget, topic: str, partition: int) -> None:
+        common = {**target.client_config}
+        self.progress = Consumer(
+            with_client_logs(
+                {
+                    **common,
+                    "group.id": target.name,
+                    "enable.auto.commit": False,
+                    "isolation.level": "read_committed",
+                }
+            )
+        )
+        self.producer = Producer(
+            with_client_logs(
+                {
+                    **common,
+                    **placed_by(DEFAULT_PARTITIONER),  # as Spark's sink, the Java producer
+                    "transactional.id": target.transactional_id(topic, partition),
+                    "transaction.timeout.ms": TRANSACTION_TIMEOUT_MS,
+                    "linger.ms": 5,
+                }
+            )
+        )
+        # Aborts what an earlier producer of this id left open, and fences it.
+        retry_transactional(lambda: self.producer.init_transactions(TIMEOUT_S))
+        self.source = TopicPartition(topic, partition)
+        self.in_transaction = False
+        """True from begin to commit: a task that ended between them (an error) left
+        it open, and the next one starts with a new producer, which aborts it."""
+
+    def written_up_to(self) -> int:
+        """The source offset the committed transactions reach (0: none yet). Asked
+        with ``require_stable``: a transaction still committing is waited for."""
+        for attempt in range(1, 11):
+            try:
+                [tp] = self.progress.committed([self.source], timeout=TIMEOUT_S)
+            except KafkaException as exc:
+                if not exc.args[0].retriable() or attempt == 10:
+                    raise
+                continue
+            if tp.error is not None:
+                raise KafkaException(tp.error)
+            return max(tp.offset, 0)
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        self.progress.close()
+
+
+_links: dict[tuple[str, str, int], _Link] = {}
+
+
+def _link(target: TransactionalTarget, topic: str, partition: int, *, fresh: bool) -> _Link:
+    key = (target.name, topic, partition)
+    old = _links.pop(key, None)
+    if old is not None and not fresh and not old.in_transaction:
+        _links[key] = old
+        return old
+    if old is not None:
+        old.close()
+    made = _Link(target, topic, partition)
+    _links[key] = made
+    return made
+
+
+class PartitionWriter:
+    """One task's writes of one source partition, a transaction at a time."""
+
+    def __init__(self, target: TransactionalTarget, topic: str, partition: int) -> None:
+        self.target = target
+        self.topic = topic
+        self.partition = partition
+        self.link = _link(target, topic, partition, fresh=False)
+        self.committed = self.link.written_up_to()
+        self.next_offset = self.committed
+        self.rows: list[_Row] = []
+        self.open_since: float | None = None
+        self.written = 0
+
+    def unwritten(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """The records of ``batch`` whose outputs are not committed yet."""
+        import pyarrow.compute as pc
+
+        if batch.num_rows == 0 or batch.column("offset")[0].as_py() >= self.committed:
+            return batch
+        return batch.filter(pc.greater_equal(batch.column("offset"), self.committed))
+
+    def add(self, outputs: pa.RecordBatch, next_offset: int) -> None:
+        """Write ``outputs`` (in OUTPUT_SCHEMA) in the open transaction, which then
+        reaches ``next_offset`` in the source."""
+        if self.open_since is None:
+            self._begin()
+        names = ("topic", "key", "value", "headers", "partition")
+        columns = [outputs.column(name).to_pylist() for name in names]
+        for topic, key, value, pairs, partition in zip(*columns, strict=True):
+            row = _Row(topic, key, value, [(h["key"], h["value"]) for h in pairs or ()], partition)
+            self.rows.append(row)
+            self._produce(row)
+        self.next_offset = next_offset
+
+    def due(self) -> bool:
+        return self.open_since is not None and time.monotonic() - self.open_since >= COMMIT_EVERY_S
+
+    def commit(self) -> None:
+        """Commit the open transaction with the source offset it reaches."""
+        if self.open_since is None:
+            return
+        try:
+            self._commit()
+        except KafkaException as exc:
+            error = exc.args[0]
+            if not (error.fatal() or error.txn_requires_abort()):
+                raise
+            # Fenced (the partition's task ran in another worker since) or aborted:
+            # once more with a new producer, if nothing was written meanwhile.
+            log.info(
+                "transaction made again",
+                topic=self.topic,
+                partition=self.partition,
+                error=error.str(),
+            )
+            self.link = _link(self.target, self.topic, self.partition, fresh=True)
+            if self.link.written_up_to() != self.committed:
+                raise WrittenElsewhere(
+                    f"{self.topic}[{self.partition}] was written past offset {self.committed} "
+                    "by another attempt; this one gives way"
+                ) from exc
+            self._begin()
+            for row in self.rows:
+                self._produce(row)
+            self._commit()
+        self.written += len(self.rows)
+        self.rows = []
+        self.open_since = None
+        self.committed = self.next_offset
+
+    def _begin(self) -> None:
+        self.link.producer.begin_transaction()
+        self.link.in_transaction = True
+        self.open_since = time.monotonic()
+
+    def _produce(self, row: _Row) -> None:
+        produce_patiently(
+            self.link.producer,
+            row.topic,
+            key=row.key,
+            value=row.value,
+            headers=row.headers,
+            on_delivery=_raise_refused,
+            partition=row.partition,
+        )
+
+    def _commit(self) -> None:
+        producer = self.link.producer
+        offsets = [TopicPartition(self.topic, self.partition, self.next_offset)]
+        group = self.link.progress.consumer_group_metadata()
+        retry_transactional(lambda: producer.send_offsets_to_transaction(offsets, group, TIMEOUT_S))
+        retry_transactional(lambda: producer.commit_transaction(TIMEOUT_S))
+        self.link.in_transaction = False
+
+
+def _raise_refused(error: KafkaError | None, message: Any) -> None:
+    """A record the broker refused fails the transaction's commit, so the task; it
+    is logged with where it was going."""
+    if error is not None:
+        log.error(
+            "output record refused",
+            topic=message.topic(),
+            partition=message.partition(),
+            error=error.str(),
+        )
+
+
+def write_exactly_once(
+    target: TransactionalTarget, handle: Callable[[pa.RecordBatch], pa.RecordBatch]
+) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function of an exactly-once pipeline: ``handle`` gives each
+    source batch's outputs, written here; the task returns one row in STATS_SCHEMA."""
+
+    def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        writer: PartitionWriter | None = None
+        handled = skipped = 0
+        for batch in batches:
+            for start in range(0, batch.num_rows, SLICE_ROWS):
+                piece = batch.slice(start, SLICE_ROWS)
+                writer = _writer_for(writer, target, piece)
+                todo = writer.unwritten(piece)
+                skipped += piece.num_rows - todo.num_rows
+                if todo.num_rows == 0:
+                    continue
+                writer.add(handle(todo), todo.column("offset")[-1].as_py() + 1)
+                handled += todo.num_rows
+                if writer.due():
+                    writer.commit()
+        written = 0
+        if writer is not None:
+            writer.commit()
+            written = writer.written
+        yield _stats(handled, skipped, written)
+
+    return run
+
+
+def _writer_for(
+    writer: PartitionWriter | None, target: TransactionalTarget, piece: pa.RecordBatch
+) -> PartitionWriter:
+    topics = piece.column("topic").unique().to_pylist()
+    partitions = piece.column("partition").unique().to_pylist()
+    if (
+        len(topics) != 1
+        or len(partitions) != 1
+        or (writer is not None and (writer.topic, writer.partition) != (topics[0], partitions[0]))
+    ):
+        raise ValueError(
+            "exactly-once output needs one source partition per task; the Kafka source "
+            "gives that unless minPartitions splits partitions"
+        )
+    if writer is None:
+        writer = PartitionWriter(target, topics[0], partitions[0])
+    return writer
+
+
+def _stats(handled: int, skipped: int, written: int) -> pa.RecordBatch:
+    import pyarrow as pa
+
+    return pa.RecordBatch.from_pydict(
+        {"handled": [handled], "skipped": [skipped], "written": [written]},
+        schema=pa.schema(
+            [("handled", pa.int64()), ("skipped", pa.int64()), ("written", pa.int64())]
+        ),
+    )
