@@ -3,7 +3,8 @@
 - :mod:`redrive.spark.session`: a SparkSession with the connector jars and settings
   that suit redrive (:func:`spark_session`).
 - :mod:`redrive.spark.pipeline`: run a per-record handler with retries and dead
-  letters (:func:`with_retries`, :func:`start_pipeline`).
+  letters (:func:`with_retries`, :func:`start_pipeline`), writing exactly once
+  (:class:`ExactlyOnce`, the default) or at least once (:class:`AtLeastOnce`).
 - :mod:`redrive.spark.scheduler`: the retry service's scheduling as a streaming
   query with ``transformWithStateInPandas`` (:func:`build_scheduler_query`,
   :func:`run_scheduler`).
@@ -22,11 +23,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from redrive.spark.delivery import AtLeastOnce, ExactlyOnce
     from redrive.spark.pipeline import Handler, start_pipeline, with_retries
     from redrive.spark.scheduler import build_scheduler_query, run_scheduler
     from redrive.spark.session import connector_jars, run_until_stopped, spark_session
 
 _HOMES = {
+    "AtLeastOnce": "delivery",
+    "ExactlyOnce": "delivery",
     "Handler": "pipeline",
     "start_pipeline": "pipeline",
     "with_retries": "pipeline",
@@ -46,6 +50,8 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "AtLeastOnce",
+    "ExactlyOnce",
     "Handler",
     "build_scheduler_query",
     "connector_jars",

@@ -119,6 +119,8 @@ class _Link:
         self.in_transaction = False
         """True from begin to commit: a task that ended between them (an error) left
         it open, and the next one starts with a new producer, which aborts it."""
+        self.reused = False
+        """Kept from an earlier task: another worker may have fenced it since."""
 
     def written_up_to(self) -> int:
         """The source offset the committed transactions reach (0: none yet). Asked
@@ -139,35 +141,66 @@ class _Link:
         self.progress.close()
 
 
-_links: dict[tuple[str, str, int], _Link] = {}
+class Links:
+    """The producers of one Python worker, by pipeline and source partition."""
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[str, str, int], _Link] = {}
+
+    def get(self, target: TransactionalTarget, topic: str, partition: int, *, fresh: bool) -> _Link:
+        """The partition's producer: the one kept, unless ``fresh`` is asked for or it
+        was left in a transaction; else a new one (whose start fences the others)."""
+        key = (target.name, topic, partition)
+        old = self._kept.pop(key, None)
+        if old is not None and not fresh and not old.in_transaction:
+            self._kept[key] = old
+            old.reused = True
+            return old
+        if old is not None:
+            old.close()
+        made = _Link(target, topic, partition)
+        self._kept[key] = made
+        return made
 
 
-def _link(target: TransactionalTarget, topic: str, partition: int, *, fresh: bool) -> _Link:
-    key = (target.name, topic, partition)
-    old = _links.pop(key, None)
-    if old is not None and not fresh and not old.in_transaction:
-        _links[key] = old
-        return old
-    if old is not None:
-        old.close()
-    made = _Link(target, topic, partition)
-    _links[key] = made
-    return made
+WORKER_LINKS: Final = Links()
+"""This Python worker's producers: Spark reuses a worker for task after task."""
 
 
 class PartitionWriter:
     """One task's writes of one source partition, a transaction at a time."""
 
-    def __init__(self, target: TransactionalTarget, topic: str, partition: int) -> None:
+    def __init__(
+        self,
+        target: TransactionalTarget,
+        topic: str,
+        partition: int,
+        links: Links = WORKER_LINKS,
+    ) -> None:
         self.target = target
         self.topic = topic
         self.partition = partition
-        self.link = _link(target, topic, partition, fresh=False)
+        self.links = links
+        self.link = links.get(target, topic, partition, fresh=False)
         self.committed = self.link.written_up_to()
         self.next_offset = self.committed
         self.rows: list[_Row] = []
         self.open_since: float | None = None
         self.written = 0
+        if self.link.reused:
+            self._check_current()
+
+    def _check_current(self) -> None:
+        """Open the transaction with a reused producer and ask its coordinator at once
+        (the offsets as they are: committing them moves nothing) whether a producer
+        of another worker fenced it: then a new one takes over before any row is
+        produced, instead of the transaction's rows being made again at its commit."""
+        try:
+            self._begin()
+            self._send_offsets(self.committed)
+        except KafkaException as exc:
+            self.open_since = None
+            self._again(exc)
 
     def unwritten(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """The records of ``batch`` whose outputs are not committed yet."""
@@ -180,14 +213,17 @@ class PartitionWriter:
     def add(self, outputs: pa.RecordBatch, next_offset: int) -> None:
         """Write ``outputs`` (in OUTPUT_SCHEMA) in the open transaction, which then
         reaches ``next_offset`` in the source."""
-        if self.open_since is None:
-            self._begin()
         names = ("topic", "key", "value", "headers", "partition")
         columns = [outputs.column(name).to_pylist() for name in names]
         for topic, key, value, pairs, partition in zip(*columns, strict=True):
             row = _Row(topic, key, value, [(h["key"], h["value"]) for h in pairs or ()], partition)
             self.rows.append(row)
-            self._produce(row)
+            try:
+                if self.open_since is None:
+                    self._begin()
+                self._produce(row)
+            except KafkaException as exc:
+                self._again(exc)  # the transaction so far, this row included
         self.next_offset = next_offset
 
     def due(self) -> bool:
@@ -200,31 +236,41 @@ class PartitionWriter:
         try:
             self._commit()
         except KafkaException as exc:
-            error = exc.args[0]
-            if not (error.fatal() or error.txn_requires_abort()):
-                raise
-            # Fenced (the partition's task ran in another worker since) or aborted:
-            # once more with a new producer, if nothing was written meanwhile.
-            log.info(
-                "transaction made again",
-                topic=self.topic,
-                partition=self.partition,
-                error=error.str(),
-            )
-            self.link = _link(self.target, self.topic, self.partition, fresh=True)
-            if self.link.written_up_to() != self.committed:
-                raise WrittenElsewhere(
-                    f"{self.topic}[{self.partition}] was written past offset {self.committed} "
-                    "by another attempt; this one gives way"
-                ) from exc
-            self._begin()
-            for row in self.rows:
-                self._produce(row)
+            self._again(exc)
             self._commit()
         self.written += len(self.rows)
         self.rows = []
         self.open_since = None
         self.committed = self.next_offset
+
+    def _again(self, exc: KafkaException) -> None:
+        """Open the transaction again with the rows it holds, after ``exc``: with a new
+        producer after a fatal error (fenced: the partition's task ran in another
+        worker since), if nothing was committed meanwhile; after an abortable one, with
+        the same. Any other error is raised."""
+        error = exc.args[0]
+        if error.fatal() or error.code() == KafkaError._FATAL:
+            self.link = self.links.get(self.target, self.topic, self.partition, fresh=True)
+            if self.link.written_up_to() != self.committed:
+                raise WrittenElsewhere(
+                    f"{self.topic}[{self.partition}] was written past offset {self.committed} "
+                    "by another attempt; this one gives way"
+                ) from exc
+        elif error.txn_requires_abort():
+            retry_transactional(lambda: self.link.producer.abort_transaction(TIMEOUT_S))
+        else:
+            raise exc
+        if self.rows:
+            log.info(
+                "transaction made again",
+                topic=self.topic,
+                partition=self.partition,
+                rows=len(self.rows),
+                error=error.str(),
+            )
+        self._begin()
+        for row in self.rows:
+            self._produce(row)
 
     def _begin(self) -> None:
         self.link.producer.begin_transaction()
@@ -242,12 +288,15 @@ class PartitionWriter:
             partition=row.partition,
         )
 
-    def _commit(self) -> None:
+    def _send_offsets(self, offset: int) -> None:
         producer = self.link.producer
-        offsets = [TopicPartition(self.topic, self.partition, self.next_offset)]
+        offsets = [TopicPartition(self.topic, self.partition, offset)]
         group = self.link.progress.consumer_group_metadata()
         retry_transactional(lambda: producer.send_offsets_to_transaction(offsets, group, TIMEOUT_S))
-        retry_transactional(lambda: producer.commit_transaction(TIMEOUT_S))
+
+    def _commit(self) -> None:
+        self._send_offsets(self.next_offset)
+        retry_transactional(lambda: self.link.producer.commit_transaction(TIMEOUT_S))
         self.link.in_transaction = False
 
 
@@ -264,10 +313,13 @@ def _raise_refused(error: KafkaError | None, message: Any) -> None:
 
 
 def write_exactly_once(
-    target: TransactionalTarget, handle: Callable[[pa.RecordBatch], pa.RecordBatch]
+    target: TransactionalTarget,
+    handle: Callable[[pa.RecordBatch], pa.RecordBatch],
+    links: Links = WORKER_LINKS,
 ) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The ``mapInArrow`` function of an exactly-once pipeline: ``handle`` gives each
-    source batch's outputs, written here; the task returns one row in STATS_SCHEMA."""
+    source batch's outputs, written here with ``links``' producers; the task returns
+    one row in STATS_SCHEMA."""
 
     def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         writer: PartitionWriter | None = None
@@ -275,7 +327,7 @@ def write_exactly_once(
         for batch in batches:
             for start in range(0, batch.num_rows, SLICE_ROWS):
                 piece = batch.slice(start, SLICE_ROWS)
-                writer = _writer_for(writer, target, piece)
+                writer = _writer_for(writer, target, piece, links)
                 todo = writer.unwritten(piece)
                 skipped += piece.num_rows - todo.num_rows
                 if todo.num_rows == 0:
@@ -294,7 +346,10 @@ def write_exactly_once(
 
 
 def _writer_for(
-    writer: PartitionWriter | None, target: TransactionalTarget, piece: pa.RecordBatch
+    writer: PartitionWriter | None,
+    target: TransactionalTarget,
+    piece: pa.RecordBatch,
+    links: Links,
 ) -> PartitionWriter:
     topics = piece.column("topic").unique().to_pylist()
     partitions = piece.column("partition").unique().to_pylist()
@@ -308,7 +363,7 @@ def _writer_for(
             "gives that unless minPartitions splits partitions"
         )
     if writer is None:
-        writer = PartitionWriter(target, topics[0], partitions[0])
+        writer = PartitionWriter(target, topics[0], partitions[0], links)
     return writer
 
 

@@ -36,8 +36,11 @@ same as in the Python consumer; this module only says where retries and dead let
 go. The query never fails because of a record: a handler raising anything (any
 ``BaseException`` but ``KeyboardInterrupt`` and ``SystemExit``), returning a wrong
 type, or a policy whose predicate raises, all end as a retry or a dead letter.
-Delivery is at-least-once: after a crash Spark runs the last micro-batch again, so
-the handler may see a record twice and a result may be written twice.
+
+:func:`with_retries` gives that DataFrame, for a Kafka sink of the caller's: at least
+once, since after a crash Spark runs the last micro-batch again and a result may be
+written twice. :func:`start_pipeline` writes exactly once by default
+(:mod:`redrive.spark.delivery`, :mod:`redrive.spark.exactly_once`).
 
 Beside this module: :mod:`redrive.spark.routing` (one record: the handler, and where
 its outcome goes), :mod:`redrive.spark.batches` (the executors' Arrow batches) and
