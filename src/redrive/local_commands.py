@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Final
 
 import typer
 
@@ -94,9 +94,15 @@ def local_up(
 
 
 @local_app.command("down")
-def local_down(state: StateDir = None) -> None:
+def local_down(
+    state: StateDir = None,
+    spark: Annotated[
+        bool,
+        typer.Option("--spark", help="Stop the Spark cluster only; Kafka and PostgreSQL go on."),
+    ] = False,
+) -> None:
     """Stop exactly the processes `up` started (by their recorded pids)."""
-    stopped = _stack(state).down()
+    stopped = _stack(state).down(spark_only=spark)
     typer.echo("stopped: " + ", ".join(stopped) if stopped else "nothing was running")
 
 
@@ -108,7 +114,8 @@ def local_status(
     """Print the bootstrap address, the database URL and whether each is healthy.
 
     With a Spark cluster started by `up --spark`, also its master URL and workers.
-    Exits 0 if everything is healthy, 1 otherwise.
+    Exits 0 if everything is healthy, 1 if Kafka or PostgreSQL is not, 3 if they are
+    and the Spark cluster is not (a worker down).
     """
     status = _stack(state).status()
     if as_json:
@@ -136,7 +143,19 @@ def local_status(
         typer.echo(json.dumps(report, indent=2))
     else:
         _print_status(status)
-    raise typer.Exit(0 if status.healthy else 1)
+    raise typer.Exit(status_code(status))
+
+
+SPARK_DEGRADED: Final = 3
+"""`status`'s exit code when Kafka and PostgreSQL are healthy and Spark is not."""
+
+
+def status_code(status: StackStatus) -> int:
+    """0 all healthy; 1 Kafka or PostgreSQL not (what the App and the service need);
+    SPARK_DEGRADED when only the Spark cluster is not."""
+    if not status.core_healthy:
+        return 1
+    return 0 if status.healthy else SPARK_DEGRADED
 
 
 @local_app.command("env")

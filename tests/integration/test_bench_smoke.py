@@ -50,6 +50,7 @@ def test_every_benchmark_runs_and_reports_its_figures(tmp_path: Path) -> None:
         "5 consumer tiers fail 10%, txn",
         "5 consumer tiers fail 10%, txn, key order",
         "6 spark pipeline",
+        "6 spark exactly-once output",
         "6 spark latency, 1 record",
         "6 spark scheduler",
         "6 spark scheduler lateness",

@@ -44,8 +44,12 @@ class StackStatus:
 
     @property
     def healthy(self) -> bool:
-        spark_healthy = self.spark is None or self.spark.healthy
-        return self.kafka_healthy and self.postgres_healthy and spark_healthy
+        return self.core_healthy and (self.spark is None or self.spark.healthy)
+
+    @property
+    def core_healthy(self) -> bool:
+        """Kafka and PostgreSQL, what the App and the retry service need."""
+        return self.kafka_healthy and self.postgres_healthy
 
 
 class LocalStack:
@@ -162,14 +166,17 @@ class LocalStack:
             raise
         return self.status()
 
-    def down(self) -> list[str]:
-        """Stop what `up` started, by recorded pid. Returns the names of what was stopped."""
+    def down(self, *, spark_only: bool = False) -> list[str]:
+        """Stop what `up` started, by recorded pid; with `spark_only` the Spark cluster
+        alone. Returns the names of what was stopped."""
         saved = self.saved_ports()
         if saved is None:
             return []
         stopped = []
         if self.spark().down():
             stopped.append("spark")
+        if spark_only:
+            return stopped
         if self.kafka(saved).stop():
             stopped.append("kafka")
         if self.postgres(saved).stop():
