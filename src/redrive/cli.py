@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any, Final
 
 import typer
 
@@ -84,7 +84,7 @@ def demo(
 @app.command()
 def serve(
     config: Annotated[
-        Path | None, typer.Option(help="YAML settings file [env REDRIVE_CONFIG].")
+        Path | None, typer.Option(help="YAML settings file (env REDRIVE_CONFIG).")
     ] = None,
     bootstrap: Annotated[
         str | None, typer.Option(help="Kafka bootstrap servers; unset: the local stack.")
@@ -199,19 +199,27 @@ def _store(config: Path | None) -> Store:
     return store
 
 
+SCHEDULER_CORES: Final = 1
+"""Cores the Spark scheduler asks of a standalone cluster unless told otherwise: a
+Spark application takes every free core by default, and a pipeline submitted next to
+it would wait with none."""
+
 ConfigOption = Annotated[
-    Path | None, typer.Option("--config", help="YAML settings file [env REDRIVE_CONFIG].")
+    Path | None, typer.Option("--config", help="YAML settings file (env REDRIVE_CONFIG).")
 ]
 
 
-def _spark_broker(config: Path | None, bootstrap: str | None) -> tuple[ServiceSettings, str]:
+def _spark_broker(
+    config: Path | None, bootstrap: str | None, **overrides: Any
+) -> tuple[ServiceSettings, str]:
     """The Spark commands' Kafka: the retry service's settings (--config, REDRIVE_*),
-    with --bootstrap over them; no bootstrap anywhere: the local stack's broker,
-    started if needed. A partitioner Spark's Kafka sink cannot follow is refused."""
+    with --bootstrap and the other options' `overrides` over them; no bootstrap
+    anywhere: the local stack's broker, started if needed. A partitioner Spark's Kafka
+    sink cannot follow is refused."""
     from redrive.partitioners import java_sink_places
     from redrive.service.config import load_settings
 
-    settings = load_settings(config, bootstrap=bootstrap)
+    settings = load_settings(config, bootstrap=bootstrap, **overrides)
     java_sink_places(settings.partitioner, "partitioner (REDRIVE_PARTITIONER)")
     resolved = settings.bootstrap
     if resolved is None:
@@ -228,38 +236,91 @@ def spark_scheduler(
     ],
     config: ConfigOption = None,
     bootstrap: Annotated[
-        str | None, typer.Option(help="Kafka bootstrap servers; unset: the local stack.")
+        str | None,
+        typer.Option(
+            help="Kafka bootstrap servers (env REDRIVE_BOOTSTRAP); unset anywhere: the local stack."
+        ),
+    ] = None,
+    requests_topic: Annotated[
+        str | None,
+        typer.Option(
+            help="The requests topic it reads (env REDRIVE_REQUESTS_TOPIC).", show_default=False
+        ),
+    ] = None,
+    dlq_topic: Annotated[
+        str | None,
+        typer.Option(help="Where refused requests go (env REDRIVE_DLQ_TOPIC).", show_default=False),
+    ] = None,
+    allow: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A topic retries may be delivered to (a glob: orders.*); repeatable "
+            "(env REDRIVE_ALLOWED_DESTINATIONS, a JSON list).",
+            show_default=False,
+        ),
     ] = None,
     trigger: Annotated[
         str, typer.Option(help="Micro-batch trigger; timers fire at most this late.")
     ] = "500 milliseconds",
     master: Annotated[str, typer.Option(help="Spark master URL.")] = "local[2]",
+    conf: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A Spark setting key=value; repeatable. On a spark:// master the "
+            f"scheduler takes {SCHEDULER_CORES} core unless spark.cores.max is given, "
+            "leaving the rest to pipelines."
+        ),
+    ] = None,
+    kafka: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A Kafka client setting key=value, librdkafka's names (security."
+            "protocol=SSL); repeatable; over the settings file's kafka (REDRIVE_CONFIG)."
+        ),
+    ] = None,
 ) -> None:
     """Run the retry scheduling as a Spark Structured Streaming query.
 
     Same contract, allowlist and settings as `redrive serve` (requests topic, DLQ topic,
-    allowed destinations, max delay); pending retries are kept in RocksDB state with
+    allowed destinations, max delay; from --config or REDRIVE_CONFIG and the REDRIVE_*
+    variables, the options over them); pending retries are kept in RocksDB state with
     processing-time timers. See docs/spark.md.
     """
+    from redrive.spark.console import quiet_console
+    from redrive.spark.pipeline_checks import pairs
     from redrive.spark.scheduler import run_scheduler
 
-    settings, resolved = _spark_broker(config, bootstrap)
+    spark_conf = pairs("--conf", tuple(conf or ()))
+    client = pairs("--kafka", tuple(kafka or ()))
+    if master.startswith("spark://"):
+        spark_conf.setdefault("spark.cores.max", str(SCHEDULER_CORES))
+    settings, resolved = _spark_broker(
+        config,
+        bootstrap,
+        requests_topic=requests_topic,
+        dlq_topic=dlq_topic,
+        allowed_destinations=allow or None,
+    )
+    client_config = {**settings.kafka, **client}
     typer.echo(
         f"redrive spark scheduler: kafka {resolved}, requests topic "
         f"{settings.requests_topic}, checkpoint {checkpoint}"
     )
-    run_scheduler(
-        bootstrap=resolved,
-        checkpoint=str(checkpoint.resolve()),
-        requests_topic=settings.requests_topic,
-        dlq_topic=settings.dlq_topic,
-        allowed_destinations=settings.allowed_destinations,
-        trigger_interval=trigger,
-        max_delay_days=settings.max_delay_days,
-        kafka_options={f"kafka.{k}": v for k, v in settings.kafka.items()},
-        admin_config=settings.kafka,
-        master=master,
-    )
+    with quiet_console():
+        run_scheduler(
+            bootstrap=resolved,
+            checkpoint=str(checkpoint.resolve()),
+            requests_topic=settings.requests_topic,
+            dlq_topic=settings.dlq_topic,
+            allowed_destinations=settings.allowed_destinations,
+            trigger_interval=trigger,
+            max_delay_days=settings.max_delay_days,
+            kafka_options={f"kafka.{k}": v for k, v in client_config.items()},
+            admin_config=client_config,
+            master=master,
+            spark_conf=spark_conf,
+        )
+    typer.echo("redrive spark scheduler: stopped")
 
 
 # The command's name before `redrive spark`, kept for scripts that use it.

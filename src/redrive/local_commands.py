@@ -22,8 +22,8 @@ StateDir = Annotated[
     Path | None,
     typer.Option(
         "--state-dir",
-        help="Folder for the stack's data, logs and pids [env REDRIVE_STATE_DIR; "
-        "default ~/.local/state/redrive].",
+        help="Folder for the stack's data, logs and pids (env REDRIVE_STATE_DIR; "
+        "default ~/.local/state/redrive).",
     ),
 ]
 

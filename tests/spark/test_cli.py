@@ -1,5 +1,6 @@
 """`redrive spark scheduler` as an operator runs it: a process that delivers when due
-and stops cleanly on SIGTERM. Its former name, `redrive spark-scheduler`, still works."""
+and stops cleanly on SIGTERM, its options over the environment's settings. Its former
+name, `redrive spark-scheduler`, still works."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from redrive.spark.console import is_banner
 from tests.integration.service_harness import Collector, now_ms, produce, request_headers
 
 pytestmark = pytest.mark.spark
@@ -23,10 +25,11 @@ def test_spark_scheduler_command_delivers_and_stops_on_sigterm(
     destination = new_topic("spark-cli")
     requests_topic = new_topic("spark-cli-requests")
     env = {k: v for k, v in os.environ.items() if not k.startswith("REDRIVE_")}
+    # The options win over the environment, which names other topics.
     env.update(
         REDRIVE_BOOTSTRAP=bootstrap,
-        REDRIVE_REQUESTS_TOPIC=requests_topic,
-        REDRIVE_ALLOWED_DESTINATIONS=f'["{destination}"]',
+        REDRIVE_REQUESTS_TOPIC="not-these-requests",
+        REDRIVE_ALLOWED_DESTINATIONS='["not-this-destination"]',
     )
     log_path = tmp_path / "spark-scheduler.log"
     with open(log_path, "wb") as log:
@@ -39,6 +42,8 @@ def test_spark_scheduler_command_delivers_and_stops_on_sigterm(
                 "scheduler",
                 "--checkpoint",
                 str(tmp_path / "checkpoint"),
+                *("--requests-topic", requests_topic, "--allow", destination),
+                *("--conf", "spark.sql.shuffle.partitions=1"),
             ],
             env=env,
             stdout=log,
@@ -57,10 +62,20 @@ def test_spark_scheduler_command_delivers_and_stops_on_sigterm(
         assert [d.value for d in arrived] == [b"via the CLI"], log_path.read_text()[-3000:]
         assert arrived[0].received_ms >= due
     finally:
+        before = log_path.read_bytes()
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(60)
-    assert code == 0, log_path.read_text()[-3000:]
-    assert f"requests topic {requests_topic}" in log_path.read_text()
+    output = log_path.read_text()
+    assert code == 0, output[-3000:]
+    assert f"requests topic {requests_topic}" in output
+    # Quiet: no banner of a process Spark started; the stop says one line, no stack.
+    assert not [line for line in output.splitlines() if is_banner(line)]
+    assert not [line for line in output.splitlines() if line.startswith("\tat ")], output
+    after = log_path.read_bytes()[len(before) :].decode().splitlines()
+    # (a warning Spark wrote just before the signal may still be on its way)
+    assert [line for line in after if " WARN " not in line] == [
+        "redrive spark scheduler: stopped"
+    ], after
 
 
 def test_the_former_name_spark_scheduler_is_the_same_command() -> None:

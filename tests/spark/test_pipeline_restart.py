@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -165,7 +166,17 @@ def test_a_pipeline_stopped_mid_batch_and_restarted_repeats_no_hand_off(
                 first.check_running()
                 assert not deadline.passed(), f"no batch started:\n{tail(first.log)}"
                 reader.poll(0.2)
+            before = first.log.read_bytes()
+            stopping = time.monotonic()
             assert first.interrupt() == 0, tail(first.log)
+            took = time.monotonic() - stopping
+            said = first.log.read_bytes()[len(before) :].decode().splitlines()
+            # Quiet and quick: the stop's own line, no Java stack, a Spark warning at most.
+            assert [line for line in said if " WARN " not in line] == [
+                "redrive spark pipeline: stopped"
+            ], said
+            assert not [line for line in said if line.startswith("\tat ")]
+            print(f"Ctrl-C mid-batch: stopped in {took:.1f} s")
             handled_before = len(calls_of(calls))
             assert handled_before < len(sent), "the batch ended before it was stopped"
 

@@ -19,6 +19,7 @@ does, while under spark-submit it must be given.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -28,6 +29,7 @@ import typer
 
 from redrive.errors import ConfigError, RedriveError
 from redrive.spark import pipeline_checks
+from redrive.spark.console import quiet_console
 from redrive.spark.delivery import AtLeastOnce, Delivery, ExactlyOnce
 from redrive.spark.handler_import import import_handler
 from redrive.spark.pipeline import start_pipeline
@@ -39,7 +41,7 @@ from redrive.spark.pipeline_settings import (
     DeliveryName,
     PipelineSettings,
 )
-from redrive.spark.session import run_until_stopped, spark_session
+from redrive.spark.session import LOG_LEVEL, run_until_stopped, spark_session
 from redrive.topic_names import REQUESTS_TOPIC
 
 DEFAULT_MASTER: Final = "local[2]"
@@ -105,6 +107,13 @@ def check(
 def run(checked: CheckedPipeline) -> None:
     """Start the query and block until Ctrl-C or SIGTERM (then stop it cleanly and
     return) or until it fails (raise its exception)."""
+    # Under spark-submit the JVM and what it starts write to spark-submit's console.
+    console = quiet_console() if checked.master is not None else contextlib.nullcontext()
+    with console:
+        _run(checked)
+
+
+def _run(checked: CheckedPipeline) -> None:
     s = checked.settings
     spark = _session(checked.master, f"redrive-pipeline-{s.group}", checked.spark_conf)
     delivery: Delivery = AtLeastOnce()
@@ -139,13 +148,19 @@ def run(checked: CheckedPipeline) -> None:
         run_until_stopped([query])
     finally:
         spark.stop()
+    typer.echo("redrive spark pipeline: stopped")
 
 
 def _session(master: str | None, app_name: str, conf: Mapping[str, str]) -> Any:
     if master is None:  # spark-submit's: its master, jars (--jars) and --conf settings
         from pyspark.sql import SparkSession
 
-        return SparkSession.builder.appName(app_name).getOrCreate()
+        spark = SparkSession.builder.appName(app_name).getOrCreate()
+        # Spark's default is INFO: a progress report per batch. WARN, unless
+        # spark-submit was told a level (--conf spark.log.level=INFO).
+        if not spark.sparkContext.getConf().contains(LOG_LEVEL):
+            spark.sparkContext.setLogLevel("WARN")
+        return spark
     return spark_session(app_name, master=master, conf=conf)
 
 

@@ -28,6 +28,8 @@ from redrive import jars
 
 CONNECTOR_POM: Final = "spark-kafka-pom.xml"
 PANDAS_3_WARNING: Final = "PySpark does not yet fully support pandas"
+LOG_LEVEL: Final = "spark.log.level"
+LOG_CONFIG: Final = Path(__file__).with_name("log4j2.properties")
 ROCKSDB_PROVIDER: Final = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 # Artifact name prefixes of the connector jars PySpark does not ship itself.
@@ -77,6 +79,8 @@ def default_conf(*, shuffle_partitions: int = 2) -> dict[str, str]:
         "spark.driver.bindAddress": "127.0.0.1",
         # The Python workers: without PySpark's pandas-3 warning (see spark_session).
         "spark.executorEnv.PYTHONWARNINGS": f"ignore:{PANDAS_3_WARNING}:FutureWarning",
+        # The driver's log: Spark's warnings and errors, less the known noise.
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG_CONFIG}",
     }
 
 
@@ -110,7 +114,8 @@ def spark_session(
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel(log_level)
+    if LOG_LEVEL not in settings:  # Spark's own setting, when given, says otherwise
+        spark.sparkContext.setLogLevel(log_level)
     return spark
 
 
@@ -138,7 +143,26 @@ def run_until_stopped(queries: Sequence[Any], *, poll_s: float = 0.5) -> None:
                 if query.awaitTermination(poll_s / max(len(queries), 1)):
                     return  # it ended; one that failed raised its exception instead
     finally:
+        if stop.is_set():
+            _quiet_stop()
         for query in queries:
             query.stop()
         for sig, previous in handlers.items():
             signal.signal(sig, previous)
+
+
+def _quiet_stop() -> None:
+    """Asked to stop: the tasks interrupted say so at length (aborted writes, killed
+    tasks, state stores that cannot commit), all of it expected, none of it the
+    user's to read. The session ends next, with its log."""
+    from pyspark import SparkContext
+
+    context = SparkContext._active_spark_context
+    if context is None or context._jvm is None:
+        return
+    # Every logger, not only the root: loggers given a level of their own (the log
+    # configuration's) would go on.
+    log4j = context._jvm.org.apache.logging.log4j
+    log4j.core.config.Configurator.setAllLevels(
+        log4j.LogManager.ROOT_LOGGER_NAME, log4j.Level.OFF
+    )
