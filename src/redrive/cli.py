@@ -278,6 +278,14 @@ def spark_scheduler(
             "protocol=SSL); repeatable; over the settings file's kafka (REDRIVE_CONFIG)."
         ),
     ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            help="Serve the query's Prometheus metrics on this port (/metrics); see "
+            "docs/monitoring.md.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run the retry scheduling as a Spark Structured Streaming query.
 
@@ -319,6 +327,7 @@ def spark_scheduler(
             admin_config=client_config,
             master=master,
             spark_conf=spark_conf,
+            metrics_port=metrics_port,
         )
     typer.echo("redrive spark scheduler: stopped")
 

@@ -6,6 +6,7 @@ Helpers shared by the Spark test modules live here.
 from __future__ import annotations
 
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -133,3 +134,13 @@ def running_cluster(folder: Path, workers: int) -> Iterator[LocalSparkCluster]:
         yield cluster
     finally:
         cluster.down()
+
+
+def scrape(port: int) -> str:
+    """What a command's /metrics says now ("" while nothing answers)."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+            return str(response.read().decode())
+    except OSError:
+        return ""

@@ -13,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from redrive.ports import free_port
 from redrive.spark.console import is_banner
+from tests.integration.consumer_harness import wait_for
 from tests.integration.service_harness import Collector, now_ms, produce, request_headers
+from tests.spark import scrape
 
 pytestmark = pytest.mark.spark
 
@@ -32,6 +35,7 @@ def test_spark_scheduler_command_delivers_and_stops_on_sigterm(
         REDRIVE_ALLOWED_DESTINATIONS='["not-this-destination"]',
     )
     log_path = tmp_path / "spark-scheduler.log"
+    metrics_port = free_port()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             [
@@ -44,6 +48,7 @@ def test_spark_scheduler_command_delivers_and_stops_on_sigterm(
                 str(tmp_path / "checkpoint"),
                 *("--requests-topic", requests_topic, "--allow", destination),
                 *("--conf", "spark.sql.shuffle.partitions=1"),
+                *("--metrics-port", str(metrics_port)),
             ],
             env=env,
             stdout=log,
@@ -61,6 +66,12 @@ def test_spark_scheduler_command_delivers_and_stops_on_sigterm(
         collector.close()
         assert [d.value for d in arrived] == [b"via the CLI"], log_path.read_text()[-3000:]
         assert arrived[0].received_ms >= due
+        # Its metrics: the delivery counted, once its batch's progress is reported.
+        delivered = 'redrive_spark_records_total{outcome="delivered",query="redrive-scheduler"}'
+        assert wait_for(lambda: delivered in scrape(metrics_port), 60), scrape(metrics_port)
+        scraped = scrape(metrics_port)
+        assert f"{delivered} 1.0" in scraped
+        assert 'redrive_spark_query_up{query="redrive-scheduler"} 1.0' in scraped
     finally:
         before = log_path.read_bytes()
         proc.send_signal(signal.SIGTERM)

@@ -25,9 +25,11 @@ import redrive.spark.pipeline_command
 from redrive.deadlines import Deadline
 from redrive.headers import decode
 from redrive.local.spark_cluster import LocalSparkCluster
+from redrive.ports import free_port
 from redrive.spark import connector_jars
+from tests.integration.consumer_harness import wait_for
 from tests.integration.service_harness import produce
-from tests.spark import Received, TopicReader, running_cluster
+from tests.spark import Received, TopicReader, running_cluster, scrape
 
 pytestmark = pytest.mark.spark
 
@@ -127,6 +129,8 @@ def test_the_command_routes_each_outcome_and_stops_on_sigterm(
     source, output, requests = new_topic("cmd-orders"), new_topic("cmd-out"), new_topic("cmd-req")
     log = tmp_path / "pipeline.log"
     options = pipeline_options(bootstrap, source, output, requests, tmp_path / "ckpt", HANDLERS)
+    metrics_port = free_port()
+    options += ["--metrics-port", str(metrics_port)]
     with open(log, "wb") as out:
         process = subprocess.Popen(
             redrive_spark_pipeline(f"{HANDLERS}:handle", *options),
@@ -140,6 +144,15 @@ def test_the_command_routes_each_outcome_and_stops_on_sigterm(
         produce_the_three_cases(bootstrap, source)
         wait_for_outcomes(reader, output, requests, process, log)
         check_outcomes(reader, source, output, requests, HANDLERS)
+        # The query's metrics count each outcome once its batch's progress is in.
+        query = 'query="redrive-pipeline-billing"'
+        counted = {
+            f'redrive_spark_records_total{{outcome="{outcome}",{query}}} 1.0'
+            for outcome in ("results", "retried", "dead_lettered")
+        }
+        assert wait_for(lambda: counted <= set(scrape(metrics_port).splitlines()), 60), scrape(
+            metrics_port
+        )
     finally:
         reader.close()
         process.send_signal(signal.SIGTERM)

@@ -18,6 +18,8 @@ from prometheus_client import CollectorRegistry
 from redrive.consumer.metrics import ConsumerMetrics
 from redrive.reasons import DeadLetterReason
 from redrive.service.metrics import ServiceMetrics
+from redrive.spark.metrics import OUTCOMES as SPARK_RECORD_OUTCOMES
+from redrive.spark.metrics import SparkMetrics
 
 pytestmark = pytest.mark.unit
 
@@ -58,7 +60,8 @@ _VALUE_MATCHER = re.compile(r'\b(outcome|reason)\s*(?:=~|!~|!=|=)\s*"([^"]*)"')
 OUTCOMES = frozenset(
     {"handled", "retried", "dead_lettered", "repeat_skipped", "held_behind", "moved_behind"}
 )
-LABEL_VALUES = {"outcome": OUTCOMES, "reason": frozenset(DeadLetterReason)}
+SPARK_OUTCOMES = frozenset({"read", *SPARK_RECORD_OUTCOMES})
+LABEL_VALUES = {"outcome": OUTCOMES | SPARK_OUTCOMES, "reason": frozenset(DeadLetterReason)}
 
 
 def selectors(expr: str) -> Iterator[tuple[str, frozenset[str]]]:
@@ -77,7 +80,8 @@ def selectors(expr: str) -> Iterator[tuple[str, frozenset[str]]]:
 
 
 def registries() -> list[CollectorRegistry]:
-    """The service's and an App's registries, built as the code builds them, with one
+    """The service's, an App's and a Spark session's registries, built as the code
+    builds them, with one
     child of each labelled metric so that its series and labels show."""
     service = ServiceMetrics(lambda: {"orders": 3}, lambda: 0, lambda: {"store": True})
     service.invalid.labels(reason="invalid_request").inc()
@@ -91,7 +95,24 @@ def registries() -> list[CollectorRegistry]:
     consumer = ConsumerMetrics()
     consumer.records.labels(topic="orders", outcome="handled").inc()
     consumer.breaker_state.labels(topic="orders").set(1)
-    return [service.registry, consumer.registry]
+    spark = SparkMetrics()
+    spark.record(
+        {
+            "name": "redrive-scheduler",
+            "numInputRows": 1,
+            "durationMs": {"triggerExecution": 500},
+            "observedMetrics": {
+                "redrive": {
+                    "delivered": 1,
+                    "dead_lettered": 0,
+                    "lateness_ms_sum": 40,
+                    "lateness_ms_max": 40,
+                }
+            },
+        }
+    )
+    spark.stopped("redrive-scheduler", failed=True)
+    return [service.registry, consumer.registry, spark.registry]
 
 
 def exposed() -> dict[str, frozenset[str] | None]:
@@ -214,6 +235,9 @@ def test_the_outcomes_are_those_the_metric_describes() -> None:
     described = families["redrive_consumer_records"].documentation
     for outcome in OUTCOMES:
         assert outcome in described
+    spark = {f.name: f for f in SparkMetrics().registry.collect()}
+    for outcome in SPARK_OUTCOMES:
+        assert outcome in spark["redrive_spark_records"].documentation
 
 
 def test_every_labelled_metric_is_touched_above() -> None:

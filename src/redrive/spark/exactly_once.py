@@ -33,6 +33,7 @@ where this transaction began; otherwise the task fails and Spark runs it again.
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
@@ -41,7 +42,7 @@ import structlog
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from redrive.client_logs import with_client_logs
-from redrive.headers import Header
+from redrive.headers import REASON, SEND_TO, Header
 from redrive.kafka import produce_patiently
 from redrive.partitioners import DEFAULT_PARTITIONER, placed_by
 from redrive.transactional import TIMEOUT_S, retry_transactional
@@ -57,9 +58,11 @@ SLICE_ROWS: Final = 1_000
 """Records handled between two looks at the clock."""
 TRANSACTION_TIMEOUT_MS: Final = 60_000
 
-STATS_SCHEMA: Final = "handled LONG, skipped LONG, written LONG"
+STATS: Final = ("handled", "skipped", "results", "retried", "dead_lettered")
+STATS_SCHEMA: Final = ", ".join(f"{name} LONG" for name in STATS)
 """The one row each task returns: records handled, records skipped (their outputs
-were written by an earlier attempt), output records written."""
+were written by an earlier attempt), and the outputs committed: results, retry
+requests, dead letters (told apart as :mod:`redrive.spark.observed` says)."""
 
 
 @dataclass(frozen=True)
@@ -186,7 +189,8 @@ class PartitionWriter:
         self.next_offset = self.committed
         self.rows: list[_Row] = []
         self.open_since: float | None = None
-        self.written = 0
+        self.written: Counter[str] = Counter()
+        """Outputs committed, by kind."""
         if self.link.reused:
             self._check_current()
 
@@ -238,7 +242,7 @@ class PartitionWriter:
         except KafkaException as exc:
             self._again(exc)
             self._commit()
-        self.written += len(self.rows)
+        self.written.update(_kind(row) for row in self.rows)
         self.rows = []
         self.open_since = None
         self.committed = self.next_offset
@@ -336,11 +340,11 @@ def write_exactly_once(
                 handled += todo.num_rows
                 if writer.due():
                     writer.commit()
-        written = 0
+        written: Counter[str] = Counter()
         if writer is not None:
             writer.commit()
             written = writer.written
-        yield _stats(handled, skipped, written)
+        yield _stats({"handled": handled, "skipped": skipped, **written})
 
     return run
 
@@ -367,12 +371,18 @@ def _writer_for(
     return writer
 
 
-def _stats(handled: int, skipped: int, written: int) -> pa.RecordBatch:
+def _kind(row: _Row) -> str:
+    """A committed output's kind, by its headers (see :mod:`redrive.spark.observed`)."""
+    names = {name for name, _ in row.headers}
+    if REASON in names:
+        return "dead_lettered"
+    return "retried" if SEND_TO in names else "results"
+
+
+def _stats(counts: Mapping[str, int]) -> pa.RecordBatch:
     import pyarrow as pa
 
     return pa.RecordBatch.from_pydict(
-        {"handled": [handled], "skipped": [skipped], "written": [written]},
-        schema=pa.schema(
-            [("handled", pa.int64()), ("skipped", pa.int64()), ("written", pa.int64())]
-        ),
+        {name: [counts.get(name, 0)] for name in STATS},
+        schema=pa.schema([(name, pa.int64()) for name in STATS]),
     )

@@ -57,6 +57,7 @@ from redrive.policy import policy as make_policy
 from redrive.spark.batches import handle_batch, handle_batches
 from redrive.spark.delivery import AtLeastOnce, Delivery, ExactlyOnce
 from redrive.spark.exactly_once import STATS_SCHEMA, TransactionalTarget, write_exactly_once
+from redrive.spark.observed import pipeline_outcomes, written_outcomes
 from redrive.spark.output import OUTPUT_SCHEMA
 from redrive.spark.routing import DeadLetterTarget, Handler, RecordHandler, Routing, retry_topic
 from redrive.topic_names import REQUESTS_TOPIC
@@ -73,7 +74,6 @@ __all__ = [
 ]
 
 EXACTLY_ONCE: Final = ExactlyOnce()
-OBSERVED_METRICS: Final = "redrive"
 
 REQUIRED_COLUMNS: Final = ("key", "value", "topic", "partition", "offset", "timestamp", "headers")
 
@@ -232,11 +232,12 @@ def start_pipeline(
         written = _source(df).mapInArrow(
             write_exactly_once(target, partial(handle_batch, record_handler)), STATS_SCHEMA
         )
-        writer = _observed(written).writeStream.format("noop")
+        writer = written_outcomes(written).writeStream.format("noop")
     else:
         routed = _source(df).mapInArrow(handle_batches(record_handler), OUTPUT_SCHEMA)
         writer = (
-            routed.writeStream.format("kafka")
+            pipeline_outcomes(routed)
+            .writeStream.format("kafka")
             .option("kafka.bootstrap.servers", bootstrap)
             .options(**extra)
         )
@@ -246,12 +247,3 @@ def start_pipeline(
     if query_name:
         writer = writer.queryName(query_name)
     return writer.start()
-
-
-def _observed(written: Any) -> Any:
-    """The tasks' counts, summed per micro-batch into the query's progress
-    (``observedMetrics["redrive"]``)."""
-    from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
-
-    sums = [F.sum(c).alias(c) for c in ("handled", "skipped", "written")]
-    return written.observe(OBSERVED_METRICS, *sums)

@@ -32,6 +32,7 @@ from redrive.spark import pipeline_checks
 from redrive.spark.console import quiet_console
 from redrive.spark.delivery import AtLeastOnce, Delivery, ExactlyOnce
 from redrive.spark.handler_import import import_handler
+from redrive.spark.metrics import SparkMetrics, listen
 from redrive.spark.pipeline import start_pipeline
 from redrive.spark.pipeline_settings import (
     Broker,
@@ -116,10 +117,13 @@ def run(checked: CheckedPipeline) -> None:
 def _run(checked: CheckedPipeline) -> None:
     s = checked.settings
     spark = _session(checked.master, f"redrive-pipeline-{s.group}", checked.spark_conf)
+    served = None
     delivery: Delivery = AtLeastOnce()
     if s.delivery is DeliveryName.exactly_once:
         delivery = ExactlyOnce(client_config=checked.broker.client_config)
     try:
+        if s.metrics_port is not None:
+            served = listen(spark, SparkMetrics(), s.metrics_port)
         query = start_pipeline(
             spark,
             checked.broker.bootstrap,
@@ -147,6 +151,8 @@ def _run(checked: CheckedPipeline) -> None:
         )
         run_until_stopped([query])
     finally:
+        if served is not None:
+            served.shutdown()
         spark.stop()
     typer.echo("redrive spark pipeline: stopped")
 
@@ -279,6 +285,14 @@ def command(resolve_broker: BrokerResolver) -> Callable[..., None]:
                 "the retry service's settings, else the local stack."
             ),
         ] = None,
+        metrics_port: Annotated[
+            int | None,
+            typer.Option(
+                help="Serve the query's Prometheus metrics on this port (/metrics); "
+                "see docs/monitoring.md.",
+                show_default=False,
+            ),
+        ] = None,
     ) -> None:
         """Run a handler on Kafka records as a Spark query, with retries and dead letters.
 
@@ -306,6 +320,7 @@ def command(resolve_broker: BrokerResolver) -> Callable[..., None]:
             max_offsets_per_trigger=max_offsets_per_trigger,
             spark_conf=tuple(conf or ()),
             kafka=tuple(kafka or ()),
+            metrics_port=metrics_port,
         )
         run(check(settings, master=master, bootstrap=bootstrap, resolve_broker=resolve_broker))
 

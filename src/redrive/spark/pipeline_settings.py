@@ -65,6 +65,7 @@ class PipelineSettings:
     """``--conf key=value``, as given."""
     kafka: tuple[str, ...] = ()
     """``--kafka key=value`` (librdkafka's names), as given."""
+    metrics_port: int | None = None
 
 
 @dataclass(frozen=True)

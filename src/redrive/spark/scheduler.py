@@ -58,6 +58,7 @@ from redrive.headers import DESTINATION, Header
 from redrive.records import DeadLetterRecord, Release
 from redrive.requests import Incoming, IntakeRules, classify
 from redrive.spark.due_index import DueIndex, slot_of
+from redrive.spark.observed import scheduler_outcomes
 from redrive.spark.output import OUTPUT_SCHEMA, OutputRecord, dlq_record, frame
 from redrive.spark.pending_messages import PendingMessage, pack, unpack
 from redrive.spark.repeats import header_value, without_repeats
@@ -427,7 +428,7 @@ def build_scheduler_query(
     if max_offsets_per_trigger is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
     writer = (
-        scheduler_dataframe(reader.load(), rules, buckets=buckets)
+        scheduler_outcomes(scheduler_dataframe(reader.load(), rules, buckets=buckets))
         .writeStream.format("kafka")
         .option("kafka.bootstrap.servers", bootstrap)
         .options(**extra)
@@ -453,18 +454,24 @@ def run_scheduler(
     admin_config: Mapping[str, str] | None = None,
     master: str | None = "local[2]",
     spark_conf: Mapping[str, str] | None = None,
+    metrics_port: int | None = None,
 ) -> None:
     """Run the scheduler until stopped (Ctrl-C, SIGTERM, or the query fails).
 
     Creates the SparkSession (:func:`redrive.spark.session.spark_session`, ``master``
-    and ``spark_conf`` passed on), starts :func:`build_scheduler_query` and blocks.
+    and ``spark_conf`` passed on), starts :func:`build_scheduler_query` and blocks;
+    with ``metrics_port`` serves its metrics (:mod:`redrive.spark.metrics`).
     On Ctrl-C or SIGTERM the query is stopped cleanly and this returns; a failed query
     raises its exception (``pyspark.errors.StreamingQueryException``).
     """
+    from redrive.spark.metrics import SparkMetrics, listen
     from redrive.spark.session import run_until_stopped, spark_session
 
     spark = spark_session("redrive-spark-scheduler", master=master, conf=spark_conf)
+    served = None
     try:
+        if metrics_port is not None:
+            served = listen(spark, SparkMetrics(), metrics_port)
         query = build_scheduler_query(
             spark,
             bootstrap=bootstrap,
@@ -479,4 +486,6 @@ def run_scheduler(
         )
         run_until_stopped([query])
     finally:
+        if served is not None:
+            served.shutdown()
         spark.stop()

@@ -163,6 +163,4 @@ def _quiet_stop() -> None:
     # Every logger, not only the root: loggers given a level of their own (the log
     # configuration's) would go on.
     log4j = context._jvm.org.apache.logging.log4j
-    log4j.core.config.Configurator.setAllLevels(
-        log4j.LogManager.ROOT_LOGGER_NAME, log4j.Level.OFF
-    )
+    log4j.core.config.Configurator.setAllLevels(log4j.LogManager.ROOT_LOGGER_NAME, log4j.Level.OFF)
