@@ -296,7 +296,7 @@ def spark_scheduler(
     """
     from redrive.spark.console import quiet_console
     from redrive.spark.pipeline_checks import pairs
-    from redrive.spark.scheduler import run_scheduler
+    from redrive.spark.scheduler_run import run_scheduler
 
     spark_conf = pairs("--conf", tuple(conf or ()))
     client = pairs("--kafka", tuple(kafka or ()))

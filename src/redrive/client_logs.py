@@ -37,12 +37,19 @@ class LibrdkafkaLog:
             log = structlog.get_logger("redrive.kafka")
             if len(args) == 3:
                 facility, client, text = args
+                if facility in PASSING and str(text).endswith("retrying"):
+                    return
                 log.log(level, "librdkafka", facility=facility, client=client, text=text)
             else:
                 log.log(level, "librdkafka", text=msg % args if args else msg)
 
 
 _LOGGER: Final = LibrdkafkaLog()
+
+PASSING: Final = frozenset({"GETPID"})
+"""Facilities whose "...: retrying" lines are not shown: a producer id asked of a
+coordinator that is loading or moving (a broker just started), which librdkafka asks
+again for; should it never come, the call that needs it fails, and says so."""
 
 
 def with_client_logs(config: Mapping[str, Any], *, level: int = WARNING) -> dict[str, Any]:

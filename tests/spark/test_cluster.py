@@ -8,10 +8,9 @@ back through the Spark scheduler, some are dead letters. Once results are flowin
 worker is killed with SIGKILL: its executor dies with it, and Spark runs the lost
 tasks again on the executor left. Then every record must be accounted for: each good
 one handled, each fatal one dead-lettered, each retry delivered (never before due) and
-handled. The pipeline writes exactly once (its default): a read_committed reader sees
-each result and each retry request once, the lost task's re-run included. What the
-scheduler writes (deliveries, dead letters) is at least once: its duplicates are
-counted and printed; losses fail.
+handled. Both queries write exactly once (their default): a read_committed reader
+sees each result, retry request, delivery and dead letter once, the lost tasks'
+re-runs included.
 """
 
 from __future__ import annotations
@@ -366,6 +365,8 @@ def test_pipeline_and_scheduler_on_a_cluster_survive_a_lost_worker(
         assert set(outputs) == good
         assert duplicates(outputs) == 0, "a result written twice"
         assert duplicates(values(reader.of(requests))) == 0, "a request written twice"
+        assert duplicates(letters) == 0, "a dead letter written twice"
+        assert duplicates(came_back) == 0, "a retry delivered twice"
         assert set(letters) == fatal
         assert set(retries) == flaky
         assert set(came_back) == flaky

@@ -56,3 +56,23 @@ def test_the_callers_settings_win() -> None:
     assert config["log_level"] == 7
     assert config["bootstrap.servers"] == "b:9092"
     assert hasattr(config["logger"], "log")
+
+
+def test_a_producer_id_asked_again_is_not_shown_but_other_lines_are() -> None:
+    """librdkafka's words, as a broker that just started makes it say them."""
+    logger = with_client_logs({})["logger"]
+    with capture_logs() as events:
+        logger.log(
+            30,
+            "%s [%s] %s",
+            "GETPID",
+            "rdkafka#producer-2",
+            "[thrd:main]: Failed to acquire transactional PID from broker "
+            "TxnCoordinator/1: Broker: Not coordinator: retrying",
+        )
+        logger.log(30, "%s [%s] %s", "GETPID", "rdkafka#producer-2", "Fatal: giving up")
+        logger.log(30, "%s [%s] %s", "FAIL", "rdkafka#producer-2", "broker down: retrying")
+    assert [(e["facility"], e["text"]) for e in events] == [
+        ("GETPID", "Fatal: giving up"),
+        ("FAIL", "broker down: retrying"),
+    ]

@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from redrive.spark.delivery import AtLeastOnce, ExactlyOnce
     from redrive.spark.pipeline import Handler, start_pipeline, with_retries
-    from redrive.spark.scheduler import build_scheduler_query, run_scheduler
+    from redrive.spark.scheduler import build_scheduler_query
+    from redrive.spark.scheduler_run import run_scheduler
     from redrive.spark.session import connector_jars, run_until_stopped, spark_session
 
 _HOMES = {
@@ -35,7 +36,7 @@ _HOMES = {
     "start_pipeline": "pipeline",
     "with_retries": "pipeline",
     "build_scheduler_query": "scheduler",
-    "run_scheduler": "scheduler",
+    "run_scheduler": "scheduler_run",
     "connector_jars": "session",
     "run_until_stopped": "session",
     "spark_session": "session",

@@ -56,3 +56,6 @@ class AtLeastOnce:
 
 
 Delivery: TypeAlias = ExactlyOnce | AtLeastOnce
+
+EXACTLY_ONCE: Final = ExactlyOnce()
+"""The default of the pipeline and the scheduler."""

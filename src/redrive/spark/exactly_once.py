@@ -344,7 +344,7 @@ def write_exactly_once(
         if writer is not None:
             writer.commit()
             written = writer.written
-        yield _stats({"handled": handled, "skipped": skipped, **written})
+        yield stats_batch({"handled": handled, "skipped": skipped, **written})
 
     return run
 
@@ -379,7 +379,8 @@ def _kind(row: _Row) -> str:
     return "retried" if SEND_TO in names else "results"
 
 
-def _stats(counts: Mapping[str, int]) -> pa.RecordBatch:
+def stats_batch(counts: Mapping[str, int]) -> pa.RecordBatch:
+    """A task's one row in STATS_SCHEMA (a count not given is 0)."""
     import pyarrow as pa
 
     return pa.RecordBatch.from_pydict(

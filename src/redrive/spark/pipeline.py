@@ -55,7 +55,7 @@ from typing import Any, Final, TypedDict, Unpack
 
 from redrive.policy import policy as make_policy
 from redrive.spark.batches import handle_batch, handle_batches
-from redrive.spark.delivery import AtLeastOnce, Delivery, ExactlyOnce
+from redrive.spark.delivery import EXACTLY_ONCE, AtLeastOnce, Delivery, ExactlyOnce
 from redrive.spark.exactly_once import STATS_SCHEMA, TransactionalTarget, write_exactly_once
 from redrive.spark.observed import pipeline_outcomes, written_outcomes
 from redrive.spark.output import OUTPUT_SCHEMA
@@ -73,7 +73,6 @@ __all__ = [
     "with_retries",
 ]
 
-EXACTLY_ONCE: Final = ExactlyOnce()
 
 REQUIRED_COLUMNS: Final = ("key", "value", "topic", "partition", "offset", "timestamp", "headers")
 

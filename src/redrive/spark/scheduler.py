@@ -57,12 +57,14 @@ from redrive.errors import ConfigError
 from redrive.headers import DESTINATION, Header
 from redrive.records import DeadLetterRecord, Release
 from redrive.requests import Incoming, IntakeRules, classify
+from redrive.spark.delivery import EXACTLY_ONCE, Delivery
 from redrive.spark.due_index import DueIndex, slot_of
 from redrive.spark.observed import scheduler_outcomes
 from redrive.spark.output import OUTPUT_SCHEMA, OutputRecord, dlq_record, frame
 from redrive.spark.pending_messages import PendingMessage, pack, unpack
 from redrive.spark.repeats import header_value, without_repeats
 from redrive.spark.scheduler_rules import DeliveryCheck, SchedulerRules
+from redrive.spark.scheduler_sink import scheduler_writer
 from redrive.spark.scheduler_topics import ensure_topics, request_size_limit
 from redrive.spark.session import ROCKSDB_PROVIDER
 from redrive.topic_names import DLQ_TOPIC, REQUESTS_TOPIC
@@ -367,6 +369,7 @@ def build_scheduler_query(
     create_topics: bool = True,
     query_name: str | None = "redrive-scheduler",
     buckets: int | None = None,
+    delivery: Delivery = EXACTLY_ONCE,
 ) -> Any:
     """Start the scheduler query; returns the ``StreamingQuery``.
 
@@ -384,7 +387,9 @@ def build_scheduler_query(
     the requests are hashed into (by destination and key): the query's parallelism is
     at most that, and each bucket costs a few state calls per batch; the default is
     :data:`BUCKETS_PER_PARTITION` per shuffle partition. A checkpoint remembers it:
-    changing it needs a new checkpoint. The session must use the RocksDB state store provider (as
+    changing it needs a new checkpoint. ``delivery``: exactly once (the default:
+    :mod:`redrive.spark.scheduler_sink`) or at least once (Spark's Kafka sink). The
+    session must use the RocksDB state store provider (as
     :func:`redrive.spark.session.spark_session` does).
     """
     if buckets is not None and buckets < 1:
@@ -427,65 +432,20 @@ def build_scheduler_query(
     )
     if max_offsets_per_trigger is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(max_offsets_per_trigger))
+    released = scheduler_outcomes(scheduler_dataframe(reader.load(), rules, buckets=buckets))
     writer = (
-        scheduler_outcomes(scheduler_dataframe(reader.load(), rules, buckets=buckets))
-        .writeStream.format("kafka")
-        .option("kafka.bootstrap.servers", bootstrap)
-        .options(**extra)
+        scheduler_writer(
+            released,
+            delivery,
+            bootstrap=bootstrap,
+            checkpoint=checkpoint,
+            requests_topic=requests_topic,
+            kafka_options=extra,
+            max_message_bytes=int(extra["kafka.max.request.size"]),
+        )
         .option("checkpointLocation", checkpoint)
-        .outputMode("append")
         .trigger(processingTime=trigger_interval)
     )
     if query_name:
         writer = writer.queryName(query_name)
     return writer.start()
-
-
-def run_scheduler(
-    *,
-    bootstrap: str,
-    checkpoint: str,
-    requests_topic: str = REQUESTS_TOPIC,
-    dlq_topic: str = DLQ_TOPIC,
-    allowed_destinations: Sequence[str] = ("*",),
-    trigger_interval: str = "500 milliseconds",
-    max_delay_days: float = 365.0,
-    kafka_options: Mapping[str, str] | None = None,
-    admin_config: Mapping[str, str] | None = None,
-    master: str | None = "local[2]",
-    spark_conf: Mapping[str, str] | None = None,
-    metrics_port: int | None = None,
-) -> None:
-    """Run the scheduler until stopped (Ctrl-C, SIGTERM, or the query fails).
-
-    Creates the SparkSession (:func:`redrive.spark.session.spark_session`, ``master``
-    and ``spark_conf`` passed on), starts :func:`build_scheduler_query` and blocks;
-    with ``metrics_port`` serves its metrics (:mod:`redrive.spark.metrics`).
-    On Ctrl-C or SIGTERM the query is stopped cleanly and this returns; a failed query
-    raises its exception (``pyspark.errors.StreamingQueryException``).
-    """
-    from redrive.spark.metrics import SparkMetrics, listen
-    from redrive.spark.session import run_until_stopped, spark_session
-
-    spark = spark_session("redrive-spark-scheduler", master=master, conf=spark_conf)
-    served = None
-    try:
-        if metrics_port is not None:
-            served = listen(spark, SparkMetrics(), metrics_port)
-        query = build_scheduler_query(
-            spark,
-            bootstrap=bootstrap,
-            requests_topic=requests_topic,
-            dlq_topic=dlq_topic,
-            allowed_destinations=allowed_destinations,
-            checkpoint=checkpoint,
-            trigger_interval=trigger_interval,
-            max_delay_days=max_delay_days,
-            kafka_options=kafka_options,
-            admin_config=admin_config,
-        )
-        run_until_stopped([query])
-    finally:
-        if served is not None:
-            served.shutdown()
-        spark.stop()
