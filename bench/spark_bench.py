@@ -62,6 +62,9 @@ LATENESS_S = 30
 # The streaming delivery comparison runs each side four times: fewer records keep it
 # to minutes.
 DELIVERY_RECORDS = 100_000
+# How far back from a partition's end its last record is looked for: past the commit
+# markers of the transactions that wrote it.
+TAIL = 50
 
 
 def handler(key: bytes | None, value: bytes | None, headers: Any, attempt: int) -> bytes:
@@ -200,19 +203,30 @@ class TopicWatch:
         return sum(self.ends().values())  # fresh topics: every low watermark is 0
 
     def last_timestamp_ms(self) -> int:
-        last = [TopicPartition(self.topic, p, end - 1) for p, end in self.ends().items() if end]
-        self.consumer.assign(last)
-        stamps: dict[int, int] = {}
+        """The broker timestamp of the topic's last record. A transactional writer's
+        partitions end with commit markers, which are offsets but not records: each
+        partition's tail is read, not just its last offset."""
+        ends = {p: end for p, end in self.ends().items() if end}
+        self.consumer.assign(
+            [TopicPartition(self.topic, p, max(end - TAIL, 0)) for p, end in ends.items()]
+        )
+        latest: dict[int, int] = {}
         deadline = time.monotonic() + 30
-        while len(stamps) < len(last) and time.monotonic() < deadline:
-            msg = self.consumer.poll(0.5)
-            partition = None if msg is None or msg.error() else msg.partition()
-            if msg is not None and partition is not None:
-                stamps.setdefault(partition, msg.timestamp()[1])
+        quiet_since = time.monotonic()
+        # Until every partition gave a record and nothing more came for a second.
+        while time.monotonic() < deadline:
+            msg = self.consumer.poll(0.2)
+            if msg is None or msg.error() is not None or msg.partition() is None:
+                if set(latest) == set(ends) and time.monotonic() - quiet_since > 1:
+                    break
+                continue
+            quiet_since = time.monotonic()
+            partition = int(msg.partition() or 0)
+            latest[partition] = max(latest.get(partition, 0), msg.timestamp()[1])
         self.consumer.unassign()
-        if len(stamps) < len(last):
-            raise RuntimeError(f"could not read the last record of {self.topic}")
-        return max(stamps.values())
+        if set(latest) != set(ends):
+            raise RuntimeError(f"could not read the last records of {self.topic}")
+        return max(latest.values())
 
     def close(self) -> None:
         self.consumer.close()
