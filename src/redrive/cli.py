@@ -295,6 +295,7 @@ def spark_scheduler(
     processing-time timers. See docs/spark.md.
     """
     from redrive.spark.console import quiet_console
+    from redrive.spark.kafka_options import spark_kafka_options
     from redrive.spark.pipeline_checks import pairs
     from redrive.spark.scheduler_run import run_scheduler
 
@@ -323,7 +324,7 @@ def spark_scheduler(
             allowed_destinations=settings.allowed_destinations,
             trigger_interval=trigger,
             max_delay_days=settings.max_delay_days,
-            kafka_options={f"kafka.{k}": v for k, v in client_config.items()},
+            kafka_options=spark_kafka_options(client_config),
             admin_config=client_config,
             master=master,
             spark_conf=spark_conf,

@@ -32,6 +32,7 @@ from redrive.spark import pipeline_checks
 from redrive.spark.console import quiet_console
 from redrive.spark.delivery import AtLeastOnce, Delivery, ExactlyOnce
 from redrive.spark.handler_import import import_handler
+from redrive.spark.kafka_options import spark_kafka_options
 from redrive.spark.metrics import SparkMetrics, listen
 from redrive.spark.pipeline import start_pipeline
 from redrive.spark.pipeline_settings import (
@@ -101,8 +102,11 @@ def check(
     routing = pipeline_checks.routing(settings)
     resolved = resolve_broker(bootstrap)
     broker = Broker(resolved.bootstrap, {**resolved.client_config, **kafka})
+    kafka_options = spark_kafka_options(broker.client_config)
     pipeline_checks.check_topics_exist(broker, pipeline_checks.topics(settings, routing))
-    return CheckedPipeline(settings, handler, pipeline_policy, broker, chosen_master, spark_conf)
+    return CheckedPipeline(
+        settings, handler, pipeline_policy, broker, chosen_master, spark_conf, kafka_options
+    )
 
 
 def run(checked: CheckedPipeline) -> None:
@@ -137,7 +141,7 @@ def _run(checked: CheckedPipeline) -> None:
             starting_offsets=s.starting_offsets,
             max_offsets_per_trigger=s.max_offsets_per_trigger,
             delivery=delivery,
-            kafka_options={f"kafka.{k}": v for k, v in checked.broker.client_config.items()},
+            kafka_options=checked.kafka_options,
             query_name=f"redrive-pipeline-{s.group}",
             requests_topic=s.requests_topic,
             per_group_retry_topic=s.per_group_retry_topic,

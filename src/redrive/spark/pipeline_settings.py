@@ -79,3 +79,5 @@ class CheckedPipeline:
     master: str | None
     """None: spark-submit's session."""
     spark_conf: Mapping[str, str] = field(default_factory=dict)
+    kafka_options: Mapping[str, str] = field(default_factory=dict)
+    """The broker's client settings as Spark's Java client takes them."""
