@@ -41,12 +41,12 @@ def handler(key: bytes | None, value: bytes | None, headers: Any, attempt: int) 
 def delivery(spark: Any, bootstrap: str, n: int) -> Result:
     source = create_topic(bootstrap, "bench-delivery", 2)
     produce(bootstrap, source, n, payload=PAYLOAD)
-    rounds = 1 if n < 100_000 else ROUNDS
+    full = n >= 100_000  # else a smoke run (--quick): one round, no warm-up
     best: dict[str, float] = {}
-    for round_ in range(rounds + 1):  # the first: a warm-up, not counted
+    for round_ in range(ROUNDS + 1 if full else 1):
         for name, chosen in (("at-least-once", AtLeastOnce()), ("exactly-once", ExactlyOnce())):
             took = time_pipeline(spark, bootstrap, source, n, chosen, f"{name}-{round_}")
-            if round_ > 0 or rounds == 1:
+            if round_ > 0 or not full:  # a full run's first round: a warm-up
                 best[name] = min(best.get(name, took), took)
     alo, eo = best["at-least-once"], best["exactly-once"]
     ratio = alo / eo

@@ -159,13 +159,20 @@ def test_kafka_broker_stopped_and_restarted_under_retries_loses_nothing(
     assert codes == dict.fromkeys(APP_STRATEGIES, 0) and service_code == 0
 
 
+WARNING_MARKS = (
+    "[warning",
+    "[error",
+    "[critical",
+    '"level": "warning"',
+    '"level": "error"',
+    "Error",
+)
+"""How a warning or an error line looks in the App's console logs and the service's JSON."""
+
+
 def warnings_in(log: str, most: int = 40) -> str:
     """The last warning and error lines of a log: what a failed run shows of it."""
-    lines = [
-        line
-        for line in log.splitlines()
-        if any(level in line for level in ("[warning", "[error", "[critical", "|ERROR|", "Error"))
-    ]
+    lines = [line for line in log.splitlines() if any(level in line for level in WARNING_MARKS)]
     return "\n".join(lines[-most:]) or "(no warnings)"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from redrive.consumer.rejoin import RejoinWatch
+from redrive.rejoin import RejoinWatch
 
 pytestmark = pytest.mark.unit
 

@@ -65,7 +65,6 @@ from redrive.consumer.offsets import OffsetTracker
 from redrive.consumer.pauses import PauseBook
 from redrive.consumer.publisher import Publisher
 from redrive.consumer.records import DeadLetterHook, Records, RetryHook
-from redrive.consumer.rejoin import RejoinWatch
 from redrive.consumer.repeats import DEFAULT_REPEAT_WINDOW, RecentIds, checked_window
 from redrive.consumer.routes import HandlerOptions, Kind, Route, build_route
 from redrive.consumer.strategies.pause import BreakerHook, Breakers
@@ -74,6 +73,7 @@ from redrive.consumer.transactions import Transactions, transactional_id
 from redrive.errors import ConfigError
 from redrive.membership import fatal_group_error, static_membership
 from redrive.partitioners import DEFAULT_PARTITIONER, Partitioner, PartitionerName
+from redrive.rejoin import RejoinWatch
 from redrive.topic_names import REQUESTS_TOPIC
 
 __all__ = [

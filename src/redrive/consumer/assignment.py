@@ -35,8 +35,8 @@ from redrive.consumer.offsets import OffsetTracker, Partition
 from redrive.consumer.pauses import PauseBook
 from redrive.consumer.publisher import Publisher
 from redrive.consumer.records import Records
-from redrive.consumer.rejoin import RejoinWatch
 from redrive.consumer.transactions import Aborted, Transactions
+from redrive.rejoin import RejoinWatch
 
 log = structlog.get_logger("redrive.consumer")
 
@@ -92,7 +92,7 @@ class Assignment:
         )
 
     def subscribe_again(self) -> None:
-        """No assignment since the partitions were lost (see redrive.consumer.rejoin)."""
+        """No assignment since the partitions were lost (see redrive.rejoin)."""
         log.warning(
             "no partitions assigned since they were lost; subscribing again",
             group=self.group,

@@ -45,6 +45,7 @@ from redrive.kafka import BATCH_WIDE_REFUSALS, consume_available, produce_patien
 from redrive.membership import GroupConsumer, static_membership
 from redrive.reasons import DeadLetterReason
 from redrive.records import DeadLetterRecord, PendingRetry, Release
+from redrive.rejoin import RejoinWatch
 from redrive.requests import Incoming, IntakeRules, classify
 from redrive.schedules import backoff_delay
 from redrive.service.config import ServiceSettings
@@ -148,6 +149,7 @@ class Intake:
         )
         self.originals = Originals(kafka_config)
         self.healthy = True
+        self.rejoin = RejoinWatch()
         self._uncommitted: dict[tuple[str, int], int] = {}
         # The batch whose insert runs on the writer thread, until it is finished.
         self._in_flight: tuple[_Batch, Future[Stored]] | None = None
@@ -155,12 +157,7 @@ class Intake:
     def run(self) -> None:
         """Consume until `stop` is set; then close the consumer (leaving the group)."""
         ingested = [source.topic for source in self.settings.ingest]
-        self.consumer.subscribe(
-            [self.settings.requests_topic, *ingested],
-            on_assign=self.guard.on_assign,
-            on_revoke=self._on_revoke,
-            on_lost=self._on_lost,
-        )
+        self._subscribe()
         log.info(
             "intake started",
             topic=self.settings.requests_topic,
@@ -170,6 +167,8 @@ class Intake:
         writer = ThreadPoolExecutor(1, thread_name_prefix="redrive-intake-store")
         try:
             while not self.stop.is_set():
+                if self.rejoin.due(time.monotonic()):
+                    self._subscribe_again()
                 messages = consume_available(
                     self.consumer,
                     self.settings.intake_batch_size,
@@ -197,6 +196,29 @@ class Intake:
                 self.mirror.close()
             log.info("intake stopped")
 
+    def _subscribe(self) -> None:
+        ingested = [source.topic for source in self.settings.ingest]
+        self.consumer.subscribe(
+            [self.settings.requests_topic, *ingested],
+            on_assign=self._on_assign,
+            on_revoke=self._on_revoke,
+            on_lost=self._on_lost,
+        )
+
+    def _subscribe_again(self) -> None:
+        """No assignment since the partitions were lost (see redrive.rejoin)."""
+        log.warning(
+            "no partitions assigned since they were lost; subscribing again",
+            group=self.settings.group_id,
+            waited_s=self.rejoin.after_s,
+        )
+        self.consumer.unsubscribe()
+        self._subscribe()
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.rejoin.assigned()
+        self.guard.on_assign(consumer, partitions)
+
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """Partitions leave this instance: first commit the offsets of every stored
         batch, waiting a little for the one being stored. Otherwise the next owner reads
@@ -214,6 +236,7 @@ class Intake:
         log.info("partitions revoked", partitions=_names(partitions))
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self.rejoin.lost(time.monotonic())
         self._hand_over(partitions)
         log.warning(
             "partitions lost; their uncommitted requests will be read again by their next owner",

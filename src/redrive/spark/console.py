@@ -6,8 +6,10 @@ error themselves, past Python's ``sys.stdout``: the JVM announces an incubator m
 it was told to load, and PySpark's driver-side runner of ``transformWithState`` prints
 five lines (and as many blank ones) each time a query starts. :func:`quiet_console`
 puts a pipe in front of the two file descriptors for as long as the command runs, and
-a thread copies every line through but those (:func:`is_banner`), so that nothing
-else is held back or reordered on its stream.
+a thread copies every line through but those (:func:`is_banner`), and the reports
+of Spark threads that a stop interrupted (:func:`is_interrupted_thread`, printed by
+the JVM past its loggers), so that nothing else is held back or reordered on its
+stream.
 """
 
 from __future__ import annotations
@@ -31,23 +33,47 @@ def is_banner(line: str) -> bool:
     return line.startswith(BANNERS)
 
 
+def is_interrupted_thread(line: str) -> bool:
+    """The JVM's report of a thread that died of an interruption: what a stop does to
+    Spark's own threads (a state server's listener, say), printed past any logger."""
+    return line.startswith('Exception in thread "') and "Interrupt" in line
+
+
+def is_stack_line(line: str) -> bool:
+    return line.startswith(("\tat ", "\t... ", "Caused by: "))
+
+
+class _Filter:
+    """Which lines to keep, one after another: not the banners and the blank line
+    each is followed by, not an interrupted thread's report and its stack."""
+
+    def __init__(self) -> None:
+        self.after_banner = False
+        self.in_stack = False
+
+    def keep(self, line: str) -> bool:
+        if self.in_stack and is_stack_line(line):
+            return False
+        self.in_stack = is_interrupted_thread(line)
+        if self.in_stack:
+            return False
+        if is_banner(line) or (self.after_banner and not line.strip()):
+            self.after_banner = is_banner(line)
+            return False
+        self.after_banner = False
+        return True
+
+
 def _copy(source: int, target: int) -> None:
-    """Copy lines from ``source`` to ``target`` until end of file, without banners and
-    the blank line each banner is followed by."""
-    after_banner = False
+    """Copy the lines from ``source`` to ``target`` that :class:`_Filter` keeps, until
+    end of file."""
+    kept = _Filter()
     with open(source, "rb", buffering=0, closefd=True) as lines:
         pending = b""
         while chunk := lines.read(65536):
             pending += chunk
             *complete, pending = pending.split(b"\n")
-            out = []
-            for raw in complete:
-                text = raw.decode(errors="replace")
-                if is_banner(text) or (after_banner and not text.strip()):
-                    after_banner = is_banner(text)
-                    continue
-                after_banner = False
-                out.append(raw + b"\n")
+            out = [raw + b"\n" for raw in complete if kept.keep(raw.decode(errors="replace"))]
             if out:
                 os.write(target, b"".join(out))
         if pending:

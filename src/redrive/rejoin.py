@@ -4,10 +4,12 @@ When a broker is unreachable for longer than the group's session timeout, the
 consumer's session times out and librdkafka revokes its partitions ("lost") and
 rejoins the group once a broker answers. On a busy machine we have seen that rejoin
 never happen after the broker came back: the consumer stayed out of its group, with
-no assignment and no error, until it was restarted. So the App watches for it: if no
-assignment (not even an empty one) has come :data:`REJOIN_AFTER_S` after the
-partitions were lost, it unsubscribes and subscribes again, which starts a fresh
-join; and again every :data:`REJOIN_AFTER_S` while none comes.
+no assignment and no error, until it was restarted (an App; the retry service's
+intake, whose coordinator requests then sat unsent in librdkafka's queue). So both
+watch for it: if no assignment (not even an empty one) has come
+:data:`REJOIN_AFTER_S` after the partitions were lost, the consumer unsubscribes and
+subscribes again, which starts a fresh join; and again every :data:`REJOIN_AFTER_S`
+while none comes.
 
 Invariant: :meth:`RejoinWatch.due` is true only while partitions were lost and no
 assignment came since, at most once per :data:`REJOIN_AFTER_S`. An App that has no
@@ -20,7 +22,7 @@ from __future__ import annotations
 from typing import Final
 
 REJOIN_AFTER_S: Final = 60.0
-"""How long after losing its partitions the App waits for an assignment before it
+"""How long after losing its partitions a consumer waits for an assignment before it
 subscribes again: well beyond a rejoin on a loaded machine (seconds)."""
 
 
