@@ -420,7 +420,7 @@ def test_hostile_records_end_handled_retried_or_dead_lettered(
             lane.collect()
         return all(set(sent[lane.strategy]) <= lane.outcomes.done() for lane in env.lanes)
 
-    deadline = Deadline(60)
+    deadline = Deadline(120)
     while not all_done() and not deadline.passed():
         time.sleep(0.05)
     for lane in env.lanes:
