@@ -277,7 +277,10 @@ def start_bench_scheduler(
     spark: Any, bootstrap: str, requests: str, dlq: str, destination: str, checkpoint: str
 ) -> Any:
     """The scheduler query as both scheduler benchmarks run it: its default trigger and
-    batch size, passed explicitly because the passthrough peer uses them too."""
+    batch size, passed explicitly because the passthrough peer uses them too, and
+    Spark's Kafka sink, as the peer writes (its exactly-once writes are not measured
+    here yet)."""
+    from redrive.spark.delivery import AtLeastOnce
     from redrive.spark.scheduler import build_scheduler_query
 
     return build_scheduler_query(
@@ -291,6 +294,7 @@ def start_bench_scheduler(
         max_offsets_per_trigger=MAX_OFFSETS_PER_TRIGGER,
         create_topics=False,
         query_name=None,
+        delivery=AtLeastOnce(),
     )
 
 
