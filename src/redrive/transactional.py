@@ -10,7 +10,7 @@ is no reason to give up a transaction.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Final
+from typing import Final, TypeVar
 
 import structlog
 from confluent_kafka import KafkaException
@@ -22,16 +22,19 @@ TIMEOUT_S: Final = 30.0
 
 ATTEMPTS: Final = 10
 
+T = TypeVar("T")
 
-def retry_transactional(call: Callable[[], object]) -> None:
-    """A transactional call (init, offsets, commit, abort), again while the error is a
-    passing one; a fatal or abortable error is raised at once."""
+
+def retry_transactional(call: Callable[[], T]) -> T:
+    """A transactional call (init, offsets, commit, abort, a committed offset read with
+    require_stable), again while the error is a passing one; a fatal or abortable
+    error is raised at once. Returns what the call returned."""
     for attempt in range(1, ATTEMPTS + 1):
         try:
-            call()
-            return
+            return call()
         except KafkaException as exc:
             error = exc.args[0]
             if not error.retriable() or attempt == ATTEMPTS:
                 raise
             log.info("transactional call failed; trying again", error=error.str())
+    raise AssertionError("unreachable: the last attempt returns or raises")

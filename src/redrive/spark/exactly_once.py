@@ -128,17 +128,12 @@ class _Link:
     def written_up_to(self) -> int:
         """The source offset the committed transactions reach (0: none yet). Asked
         with ``require_stable``: a transaction still committing is waited for."""
-        for attempt in range(1, 11):
-            try:
-                [tp] = self.progress.committed([self.source], timeout=TIMEOUT_S)
-            except KafkaException as exc:
-                if not exc.args[0].retriable() or attempt == 10:
-                    raise
-                continue
-            if tp.error is not None:
-                raise KafkaException(tp.error)
-            return max(tp.offset, 0)
-        raise AssertionError("unreachable")
+        [tp] = retry_transactional(
+            lambda: self.progress.committed([self.source], timeout=TIMEOUT_S)
+        )
+        if tp.error is not None:
+            raise KafkaException(tp.error)
+        return max(tp.offset, 0)
 
     def close(self) -> None:
         self.progress.close()
