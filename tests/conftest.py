@@ -22,7 +22,11 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from redrive.local import LocalStack, StackStatus
 
-pytest_plugins = ["tests.plugins.scheduling", "tests.plugins.leftovers"]
+pytest_plugins = [
+    "tests.plugins.scheduling",
+    "tests.plugins.leftovers",
+    "tests.integration.local_stack_harness",
+]
 
 # The tests' Spark JVMs (local sessions, spark-submit, the demo) read their defaults
 # from here: see the file for why.

@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -18,38 +16,9 @@ import pytest
 from redrive.errors import ConfigError
 from redrive.local import LocalStack
 from redrive.local.spark_cluster import LocalSparkCluster
+from tests.integration.local_stack_harness import REDRIVE, processes_using, run_cli
 
 pytestmark = pytest.mark.integration
-
-REDRIVE = [sys.executable, "-m", "redrive.cli"]
-
-
-def run_cli(
-    *args: str, state: Path, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    full_env = {**os.environ, "REDRIVE_STATE_DIR": str(state), **(env or {})}
-    return subprocess.run(
-        [*REDRIVE, *args], capture_output=True, text=True, env=full_env, timeout=240, check=False
-    )
-
-
-@pytest.fixture
-def state(tmp_path: Path) -> Iterator[Path]:
-    """A stack's state folder: whatever the test's `up` started there is stopped at the
-    end, also when the test failed before its own `down`."""
-    try:
-        yield tmp_path
-    finally:
-        LocalStack(tmp_path).down()
-
-
-def processes_using(folder: Path) -> list[dict[str, object]]:
-    """The processes whose command line names `folder` (what a stack left running)."""
-    return [
-        p.info
-        for p in psutil.process_iter(["pid", "cmdline"])
-        if p.info["cmdline"] and any(str(folder) in part for part in p.info["cmdline"])
-    ]
 
 
 def test_up_twice_status_down_leaves_no_process(state: Path) -> None:
@@ -86,50 +55,6 @@ def test_up_twice_status_down_leaves_no_process(state: Path) -> None:
     after = run_cli("local", "status", state=state)
     assert after.returncode == 1
     assert "stopped" in after.stdout
-
-
-@pytest.mark.spark
-@pytest.mark.serial
-def test_up_with_spark_starts_a_cluster_that_down_stops(state: Path) -> None:
-    up = run_cli(
-        *("local", "up", "--kafka-port", "0", "--postgres-port", "0"),
-        *("--spark", "--spark-port", "0", "--spark-ui-port", "0"),
-        state=state,
-    )
-    assert up.returncode == 0, up.stderr
-    cluster = LocalStack(state).spark()
-    assert f"Started Spark master on {cluster.master_url()} (2 workers)" in up.stdout
-    records = [daemon.pid_record() for daemon in [cluster.master(), *cluster.workers()]]
-    assert all(record is not None and record.alive() for record in records)
-    try:
-        status = run_cli("local", "status", "--json", state=state)
-        assert status.returncode == 0, status.stdout + status.stderr
-        spark = json.loads(status.stdout)["spark"]
-        assert spark["master_url"] == cluster.master_url()
-        assert spark["healthy"] and spark["workers_alive"] == spark["workers"] == 2
-        # A worker lost: Kafka and PostgreSQL are fine, which the exit code tells apart.
-        lost = cluster.workers()[1].pid_record()
-        assert lost is not None
-        os.kill(lost.pid, signal.SIGKILL)
-        degraded = run_cli("local", "status", state=state)
-        assert degraded.returncode == 3, degraded.stdout + degraded.stderr
-        assert "degraded" in degraded.stdout
-        spark_down = run_cli("local", "down", "--spark", state=state)
-        assert spark_down.returncode == 0, spark_down.stderr
-        assert spark_down.stdout.strip() == "stopped: spark"
-        assert not any(record is not None and record.alive() for record in records)
-        # Spark alone stopped: no longer part of the status, the rest healthy.
-        rest = run_cli("local", "status", state=state)
-        assert rest.returncode == 0, rest.stdout + rest.stderr
-        assert not any(line.startswith("spark") for line in rest.stdout.splitlines())
-    finally:
-        down = run_cli("local", "down", state=state)
-    assert down.returncode == 0, down.stderr
-    assert down.stdout.startswith("stopped: kafka, postgres")
-    assert not any(record is not None and record.alive() for record in records)
-    assert processes_using(state) == []
-    after = run_cli("local", "status", state=state)
-    assert after.returncode == 1
 
 
 def test_an_up_that_fails_stops_the_servers_it_started(

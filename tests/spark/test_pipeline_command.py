@@ -1,7 +1,8 @@
 """`redrive spark pipeline MODULE:HANDLER ...` as a user runs it: a process that routes
-each outcome where the pipeline says and stops cleanly on SIGTERM; the same command as
-spark-submit's main file on a standalone cluster; and its mistakes, each one line
-naming the option, in a second and without starting Spark.
+each outcome where the pipeline says and stops cleanly on SIGTERM, and its mistakes,
+each one line naming the option, in a second and without starting Spark. The same
+command as spark-submit's main file on a standalone cluster is in
+test_cluster_recipe.py.
 
 The handlers are in tests/spark/pipeline_handlers.py, named as the command line names
 them: `tests.spark.pipeline_handlers:handle` from the repository's root.
@@ -14,22 +15,18 @@ import os
 import signal
 import subprocess
 import sys
-import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-import psutil
 import pytest
 
 import redrive.spark.pipeline_command
 from redrive.deadlines import Deadline
 from redrive.headers import decode
-from redrive.local.spark_cluster import LocalSparkCluster
 from redrive.ports import free_port
-from redrive.spark import connector_jars
 from tests.integration.consumer_harness import wait_for
 from tests.integration.service_harness import produce
-from tests.spark import Received, TopicReader, running_cluster, scrape
+from tests.spark import Received, TopicReader, scrape
 
 pytestmark = pytest.mark.spark
 
@@ -159,111 +156,6 @@ def test_the_command_routes_each_outcome_and_stops_on_sigterm(
         code = process.wait(90)
     assert code == 0, tail(log)
     assert f"redrive spark pipeline: {HANDLERS}:handle on kafka {bootstrap}" in log.read_text()
-
-
-@pytest.fixture
-def cluster(tmp_path: Path) -> Iterator[LocalSparkCluster]:
-    """A standalone master and two workers, as `redrive local up --spark` starts them."""
-    with running_cluster(tmp_path / "cluster", workers=2) as cluster:
-        yield cluster
-
-
-@pytest.mark.serial
-def test_the_docs_cluster_recipe_runs_the_scheduler_and_a_submitted_pipeline(
-    bootstrap: str, new_topic: Callable[..., str], tmp_path: Path, cluster: LocalSparkCluster
-) -> None:
-    """docs/spark.md's "Try it on your machine", as written: `redrive spark scheduler
-    --master spark://...` on the cluster `redrive local up --spark` starts, then the
-    pipeline command as spark-submit's main file on the same cluster, the handler's
-    module shipped with --py-files (here as `charges.py` in a zip, importable nowhere
-    else), the jars with --jars, the master chosen by spark-submit alone. Both get
-    cores; the scheduler brings the retries back, the pipeline handles them again."""
-    source, output, requests = new_topic("sub-orders"), new_topic("sub-out"), new_topic("sub-req")
-    dlq = new_topic("sub-dlq")
-    handlers_zip = tmp_path / "handlers.zip"
-    with zipfile.ZipFile(handlers_zip, "w") as archive:
-        archive.write(REPO / "tests" / "spark" / "pipeline_handlers.py", "charges.py")
-    work = tmp_path / "work"  # an empty current directory: `charges` comes from the zip
-    work.mkdir()
-    scheduler_log, log = tmp_path / "scheduler.log", tmp_path / "spark-submit.log"
-    scheduler_command = [
-        *(sys.executable, "-m", "redrive.cli", "spark", "scheduler"),
-        *("--master", cluster.master_url(), "--checkpoint", str(tmp_path / "sched")),
-        *("--requests-topic", requests, "--dlq-topic", dlq, "--allow", source),
-    ]
-    command = [
-        str(SPARK_SUBMIT),
-        *("--master", cluster.master_url(), "--executor-memory", "512m"),
-        *("--jars", ",".join(str(jar) for jar in connector_jars())),
-        *("--py-files", str(handlers_zip)),
-        PIPELINE_FILE,
-        "charges:handle",
-        *pipeline_options(bootstrap, source, output, requests, tmp_path / "ckpt", "charges"),
-    ]
-    env = child_env(PYSPARK_PYTHON=sys.executable)
-    with open(scheduler_log, "wb") as out:
-        scheduler = subprocess.Popen(
-            scheduler_command,
-            cwd=work,
-            env={**env, "REDRIVE_BOOTSTRAP": bootstrap},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    submit: subprocess.Popen[bytes] | None = None
-    reader = TopicReader(bootstrap, [output, requests, source, dlq])
-    try:
-        with open(log, "wb") as out:
-            submit = subprocess.Popen(
-                command, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT
-            )
-        produce_the_three_cases(bootstrap, source)
-        wait_for_outcomes(reader, output, requests, submit, log)
-        check_outcomes(reader, source, output, requests, "charges")
-
-        def came_back() -> list[int]:
-            return sorted(
-                decode(m.headers)[0].attempt
-                for m in reader.of(source)
-                if m.key == b"declined" and dict(m.headers).get("redrive-retry-at")
-            )
-
-        deadline = Deadline(240)
-        while {m.key for m in reader.of(dlq)} != {b"declined", b"broken"}:
-            for process, what in ((scheduler, scheduler_log), (submit, log)):
-                if process.poll() is not None:
-                    pytest.fail(f"{what.name} exited ({process.returncode}):\n{tail(what)}")
-            assert not deadline.passed(), (
-                f"retries back: {came_back()}; dead letters {[m.key for m in reader.of(dlq)]}"
-                f"\n{tail(scheduler_log)}\n{tail(log)}"
-            )
-            reader.poll(0.5)
-        # "1s x3": the retryable failure came back three times (each saying how many
-        # attempts failed before it), then was given up.
-        assert came_back() == [1, 2, 3]
-    finally:
-        reader.close()
-        if submit is not None:
-            stop_driver(submit)
-        scheduler.send_signal(signal.SIGTERM)
-        scheduler.wait(90)
-    assert submit.returncode == 0, tail(log)
-    assert scheduler.returncode == 0, tail(scheduler_log)
-
-
-def stop_driver(submit: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to the Python driver (spark-submit's child running the main file), as a
-    service manager would stop it; then spark-submit exits with the driver's code."""
-    if submit.poll() is None:
-        with contextlib.suppress(psutil.Error):
-            for child in psutil.Process(submit.pid).children(recursive=True):
-                with contextlib.suppress(psutil.Error):
-                    if PIPELINE_FILE in child.cmdline():
-                        child.send_signal(signal.SIGTERM)
-    try:
-        submit.wait(90)
-    except subprocess.TimeoutExpired:
-        submit.kill()
-        submit.wait(30)
 
 
 # Mistakes: each is refused before Spark starts (no JVM: Spark's first log line, about
