@@ -14,7 +14,8 @@ length (about 1.3 s of this run); `with_retries` turns null headers into empty a
 which cost nothing. The peer the goal is judged against does the same (`coalesce`), so
 the ratio is redrive's own cost; the plain job shipping headers as the connector gives
 them is measured too, for context. Each is forced with Spark's `noop` sink; five
-interleaved rounds after a warm-up (one in a smoke run), best time of each. Goal: redrive at most 10% slower.
+interleaved rounds after a warm-up (one in a smoke run), best time of each. Goal:
+redrive at most 10% slower.
 
 The Spark scheduler: N retry requests, all due at once (1 KiB values, the header
 contract's `encode`), wait in a requests topic; the scheduler query starts and runs
