@@ -13,7 +13,7 @@ from confluent_kafka import Producer
 
 from tests.chaos.harness import MODE
 
-KEYS = 1000
+KEYS = 1000 if MODE.name == "long" else 400
 SEQS = 20
 PRODUCE_S = 90.0 if MODE.name == "long" else 20.0
 """Production spans this long (see :func:`schedule`)."""

@@ -1,7 +1,8 @@
 """Key order through retries under faults (issue 18's acceptance test, ``ordering="key"``).
 
-1,000 keys, each with a sequence of 20 records (seq 0..19, produced in order, in 4
-bursts of 5 over the production time: see `key_order_records.schedule`), on 4 partitions,
+1,000 keys (400 in the short mode), each with a sequence of 20 records (seq 0..19,
+produced in order, in 4 bursts of 5 over the production time: see
+`key_order_records.schedule`), on 4 partitions,
 handled by tests/chaos/app_process.py with ``ordering="key"``, ``transactional=True``
 and policy ``200ms x3`` (4 attempts), once for each keeper of the key lines: strategy
 ``service`` (the retry service) and ``topics`` (the tier topics; its dead letters go

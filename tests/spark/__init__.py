@@ -20,6 +20,7 @@ from redrive.deadlines import Deadline
 from redrive.headers import Header
 from redrive.kafka import headers_of
 from redrive.local.spark_cluster import LocalSparkCluster
+from redrive.spark.session import stop_with_jvm
 
 
 def create_topics(
@@ -104,24 +105,8 @@ class TopicReader:
 
 
 def stop_spark(session: object) -> None:
-    """Stop a test module's Spark: its queries, the session, and the JVM itself. The
-    JVM keeps Kafka producers cached after `stop()`, which would go on logging
-    connection errors once the session's broker is gone; PySpark starts a new JVM
-    for the next module."""
-    from pyspark import SparkContext
-
-    for query in session.streams.active:  # type: ignore[attr-defined]
-        query.stop()
-    session.stop()  # type: ignore[attr-defined]
-    gateway = SparkContext._gateway
-    if gateway is not None:
-        jvm_process = getattr(gateway, "proc", None)  # set by PySpark's launch_gateway
-        gateway.shutdown()
-        if jvm_process is not None:
-            jvm_process.terminate()
-            jvm_process.wait(30)
-        SparkContext._gateway = None
-        SparkContext._jvm = None
+    """Stop a test module's Spark, its JVM included (see stop_with_jvm)."""
+    stop_with_jvm(session)
 
 
 @contextmanager

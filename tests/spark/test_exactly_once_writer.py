@@ -15,8 +15,10 @@ from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 import pytest
+from pyspark import cloudpickle
 
 from redrive.spark.exactly_once import (
+    WORKER_LINKS,
     Links,
     PartitionWriter,
     TransactionalTarget,
@@ -175,3 +177,28 @@ def test_rows_of_two_source_partitions_in_one_task_are_refused(
     mixed = pa.concat_batches([source_batch(range(0, 5), 0), source_batch(range(0, 5), 1)])
     with pytest.raises(ValueError, match="one source partition per task"):
         run_task(target, Handler(topic), Links(), mixed)
+
+
+def test_a_shipped_task_function_keeps_the_workers_producer_for_the_next_task(
+    target: TransactionalTarget, output: tuple[str, TopicReader]
+) -> None:
+    """Spark pickles the task function (cloudpickle) and ships it to the executors
+    with every batch: each batch's copy must find the Python worker's own producers,
+    not bring an empty set of its own, or every task starts a producer (and waits
+    for its transactions to be set up) again."""
+    topic, reader = output
+    handler = Handler(topic)
+    key = (target.name, SOURCE, 0)
+    for batch in range(3):
+        shipped = cloudpickle.loads(cloudpickle.dumps(write_exactly_once(target, handler)))
+        offsets = range(batch * 10, (batch + 1) * 10)
+        [stats] = list(shipped([source_batch(offsets)]))
+        assert stats.column("handled")[0].as_py() == 10
+        link = WORKER_LINKS._kept[key]
+        if batch == 0:
+            first = link
+        assert link is first, f"batch {batch} started a producer of its own"
+    assert link.reused
+    values = outputs(reader, topic, 30)
+    assert sorted(values) == sorted(f"done order-0-{o}".encode() for o in range(30))
+    WORKER_LINKS._kept.pop(key).close()

@@ -24,10 +24,13 @@ What the handler does besides returning its value stays at least once: a record
 whose transaction did not commit is handled again.
 
 Producers live as long as their Python worker (Spark reuses workers), one per
-source partition: a task of the next batch begins its transaction at once. A
-producer fenced meanwhile (the partition's task ran in another worker) is replaced,
-and its transaction made again from the rows it kept, if the group's offset is still
-where this transaction began; otherwise the task fails and Spark runs it again.
+source partition: a task of the next batch begins its transaction at once, from the
+offset the producer's last commit reached (no producer of the same id wrote since,
+or it would have been fenced). A producer fenced meanwhile (the partition's task ran
+in another worker) is replaced and the group's offset read again; one fenced in the
+middle of a transaction makes it again from the outputs it kept, if the group's
+offset is still where this transaction began; otherwise the task fails and Spark
+runs it again.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from redrive.client_logs import with_client_logs
 from redrive.headers import REASON, SEND_TO, Header
-from redrive.kafka import produce_patiently
+from redrive.kafka import UNASSIGNED_PARTITION, produce_patiently
 from redrive.partitioners import DEFAULT_PARTITIONER, placed_by
 from redrive.transactional import TIMEOUT_S, retry_transactional
 
@@ -52,6 +55,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("redrive.spark")
 
+_COLUMNS: Final = ("topic", "key", "value", "headers", "partition")
+"""The output columns a producer sends, in the order ``_produce`` reads them."""
 COMMIT_EVERY_S: Final = 5.0
 """The longest stretch of handling one transaction covers."""
 SLICE_ROWS: Final = 1_000
@@ -78,15 +83,6 @@ class TransactionalTarget:
 
 class WrittenElsewhere(Exception):
     """Another attempt of this task committed part of its partition meanwhile."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Row:
-    topic: str
-    key: bytes | None
-    value: bytes | None
-    headers: list[Header]
-    partition: int | None
 
 
 class _Link:
@@ -116,6 +112,10 @@ class _Link:
                 }
             )
         )
+        # A connection first: librdkafka looks for the transaction coordinator on a
+        # timer of half a second when it has none up yet, which every task moved to
+        # another worker would wait.
+        self.producer.list_topics(topic, timeout=TIMEOUT_S)
         # Aborts what an earlier producer of this id left open, and fences it.
         retry_transactional(lambda: self.producer.init_transactions(TIMEOUT_S))
         self.source = TopicPartition(topic, partition)
@@ -124,6 +124,10 @@ class _Link:
         it open, and the next one starts with a new producer, which aborts it."""
         self.reused = False
         """Kept from an earlier task: another worker may have fenced it since."""
+        self.known_committed: int | None = None
+        """The source offset this producer's last transaction committed, or read from
+        the group: where the partition is written unless another producer of the same
+        id (which fences this one) wrote since. None when unsure (a commit failed)."""
 
     def written_up_to(self) -> int:
         """The source offset the committed transactions reach (0: none yet). Asked
@@ -133,7 +137,8 @@ class _Link:
         )
         if tp.error is not None:
             raise KafkaException(tp.error)
-        return max(tp.offset, 0)
+        self.known_committed = max(tp.offset, 0)
+        return self.known_committed
 
     def close(self) -> None:
         self.progress.close()
@@ -165,6 +170,14 @@ WORKER_LINKS: Final = Links()
 """This Python worker's producers: Spark reuses a worker for task after task."""
 
 
+def worker_links() -> Links:
+    """This worker's :data:`WORKER_LINKS`, looked up when a task runs. A function
+    Spark ships to the executors is pickled with the values it holds, so one holding
+    the Links object itself would bring a new, empty copy with every task; a module
+    function is pickled by its name and finds the worker's own."""
+    return WORKER_LINKS
+
+
 class PartitionWriter:
     """One task's writes of one source partition, a transaction at a time."""
 
@@ -180,10 +193,13 @@ class PartitionWriter:
         self.partition = partition
         self.links = links
         self.link = links.get(target, topic, partition, fresh=False)
-        self.committed = self.link.written_up_to()
+        known = self.link.known_committed if self.link.reused else None
+        self.committed = self.link.written_up_to() if known is None else known
         self.next_offset = self.committed
-        self.rows: list[_Row] = []
+        self.outputs: list[pa.RecordBatch] = []
+        """The open transaction's outputs, kept to make it again after an error."""
         self.open_since: float | None = None
+        self.adding: Counter[str] = Counter()
         self.written: Counter[str] = Counter()
         """Outputs committed, by kind."""
         if self.link.reused:
@@ -192,14 +208,19 @@ class PartitionWriter:
     def _check_current(self) -> None:
         """Open the transaction with a reused producer and ask its coordinator at once
         (the offsets as they are: committing them moves nothing) whether a producer
-        of another worker fenced it: then a new one takes over before any row is
-        produced, instead of the transaction's rows being made again at its commit."""
+        of another worker fenced it: then a new one takes over, reading how far the
+        partition is written, before any row is produced. Not fenced, no other
+        producer of its id wrote since its own last commit, which it remembers."""
         try:
             self._begin()
             self._send_offsets(self.committed)
         except KafkaException as exc:
             self.open_since = None
-            self._again(exc)
+            if not _fatal(exc):
+                self._again(exc)
+                return
+            self.link = self.links.get(self.target, self.topic, self.partition, fresh=True)
+            self.committed = self.next_offset = self.link.written_up_to()
 
     def unwritten(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """The records of ``batch`` whose outputs are not committed yet."""
@@ -212,17 +233,13 @@ class PartitionWriter:
     def add(self, outputs: pa.RecordBatch, next_offset: int) -> None:
         """Write ``outputs`` (in OUTPUT_SCHEMA) in the open transaction, which then
         reaches ``next_offset`` in the source."""
-        names = ("topic", "key", "value", "headers", "partition")
-        columns = [outputs.column(name).to_pylist() for name in names]
-        for topic, key, value, pairs, partition in zip(*columns, strict=True):
-            row = _Row(topic, key, value, [(h["key"], h["value"]) for h in pairs or ()], partition)
-            self.rows.append(row)
-            try:
-                if self.open_since is None:
-                    self._begin()
-                self._produce(row)
-            except KafkaException as exc:
-                self._again(exc)  # the transaction so far, this row included
+        self.outputs.append(outputs)
+        try:
+            if self.open_since is None:
+                self._begin()
+            self.adding.update(self._produce(outputs))
+        except KafkaException as exc:
+            self._again(exc)  # the transaction so far, these outputs included
         self.next_offset = next_offset
 
     def due(self) -> bool:
@@ -232,15 +249,17 @@ class PartitionWriter:
         """Commit the open transaction with the source offset it reaches."""
         if self.open_since is None:
             return
+        self.link.known_committed = None  # until the commit is known to have passed
         try:
             self._commit()
         except KafkaException as exc:
             self._again(exc)
             self._commit()
-        self.written.update(_kind(row) for row in self.rows)
-        self.rows = []
+        self.written.update(self.adding)
+        self.adding.clear()
+        self.outputs = []
         self.open_since = None
-        self.committed = self.next_offset
+        self.committed = self.link.known_committed = self.next_offset
 
     def _again(self, exc: KafkaException) -> None:
         """Open the transaction again with the rows it holds, after ``exc``: with a new
@@ -248,7 +267,7 @@ class PartitionWriter:
         worker since), if nothing was committed meanwhile; after an abortable one, with
         the same. Any other error is raised."""
         error = exc.args[0]
-        if error.fatal() or error.code() == KafkaError._FATAL:
+        if _fatal(exc):
             self.link = self.links.get(self.target, self.topic, self.partition, fresh=True)
             if self.link.written_up_to() != self.committed:
                 raise WrittenElsewhere(
@@ -259,33 +278,51 @@ class PartitionWriter:
             retry_transactional(lambda: self.link.producer.abort_transaction(TIMEOUT_S))
         else:
             raise exc
-        if self.rows:
+        if self.outputs:
             log.info(
                 "transaction made again",
                 topic=self.topic,
                 partition=self.partition,
-                rows=len(self.rows),
+                rows=sum(outputs.num_rows for outputs in self.outputs),
                 error=error.str(),
             )
         self._begin()
-        for row in self.rows:
-            self._produce(row)
+        self.adding.clear()
+        for outputs in self.outputs:
+            self.adding.update(self._produce(outputs))
 
     def _begin(self) -> None:
         self.link.producer.begin_transaction()
         self.link.in_transaction = True
         self.open_since = time.monotonic()
 
-    def _produce(self, row: _Row) -> None:
-        produce_patiently(
-            self.link.producer,
-            row.topic,
-            key=row.key,
-            value=row.value,
-            headers=row.headers,
-            on_delivery=_raise_refused,
-            partition=row.partition,
-        )
+    def _produce(self, outputs: pa.RecordBatch) -> Counter[str]:
+        """Queue ``outputs`` in the open transaction; how many of each kind."""
+        producer = self.link.producer
+        columns = [outputs.column(name).to_pylist() for name in _COLUMNS]
+        kinds: Counter[str] = Counter()
+        plain = 0
+        for topic, key, value, pairs, partition in zip(*columns, strict=True):
+            headers = [(h["key"], h["value"]) for h in pairs] if pairs else []
+            if headers:
+                kinds[_kind(headers)] += 1
+            else:
+                plain += 1
+            by = UNASSIGNED_PARTITION if partition is None else partition
+            try:  # the common case without a wrapper's call; a full queue below
+                producer.produce(topic, value, key, by, _raise_refused, headers=headers)
+            except BufferError:
+                produce_patiently(
+                    producer,
+                    topic,
+                    key=key,
+                    value=value,
+                    headers=headers,
+                    on_delivery=_raise_refused,
+                    partition=partition,
+                )
+        kinds["results"] += plain
+        return kinds
 
     def _send_offsets(self, offset: int) -> None:
         producer = self.link.producer
@@ -314,19 +351,20 @@ def _raise_refused(error: KafkaError | None, message: Any) -> None:
 def write_exactly_once(
     target: TransactionalTarget,
     handle: Callable[[pa.RecordBatch], pa.RecordBatch],
-    links: Links = WORKER_LINKS,
+    links: Links | None = None,
 ) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The ``mapInArrow`` function of an exactly-once pipeline: ``handle`` gives each
-    source batch's outputs, written here with ``links``' producers; the task returns
-    one row in STATS_SCHEMA."""
+    source batch's outputs, written here with ``links``' producers (the worker's
+    unless given); the task returns one row in STATS_SCHEMA."""
 
     def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        producers = worker_links() if links is None else links
         writer: PartitionWriter | None = None
         handled = skipped = 0
         for batch in batches:
             for start in range(0, batch.num_rows, SLICE_ROWS):
                 piece = batch.slice(start, SLICE_ROWS)
-                writer = _writer_for(writer, target, piece, links)
+                writer = _writer_for(writer, target, piece, producers)
                 todo = writer.unwritten(piece)
                 skipped += piece.num_rows - todo.num_rows
                 if todo.num_rows == 0:
@@ -366,9 +404,15 @@ def _writer_for(
     return writer
 
 
-def _kind(row: _Row) -> str:
-    """A committed output's kind, by its headers (see :mod:`redrive.spark.observed`)."""
-    names = {name for name, _ in row.headers}
+def _fatal(exc: KafkaException) -> bool:
+    """The producer cannot go on (fenced): a new one must take over."""
+    error = exc.args[0]
+    return bool(error.fatal() or error.code() == KafkaError._FATAL)
+
+
+def _kind(headers: list[Header]) -> str:
+    """An output's kind, by its headers (see :mod:`redrive.spark.observed`)."""
+    names = {name for name, _ in headers}
     if REASON in names:
         return "dead_lettered"
     return "retried" if SEND_TO in names else "results"

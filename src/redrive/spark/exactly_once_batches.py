@@ -29,6 +29,7 @@ from redrive.spark.exactly_once import (
     PartitionWriter,
     TransactionalTarget,
     stats_batch,
+    worker_links,
 )
 
 if TYPE_CHECKING:
@@ -48,17 +49,19 @@ class BatchTarget:
 
 
 def write_batch_once(
-    target: BatchTarget, batch_id: int, links: Links = WORKER_LINKS
+    target: BatchTarget, batch_id: int, links: Links | None = None
 ) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The ``mapInArrow`` function writing one micro-batch's rows (OUTPUT_SCHEMA):
-    each task's in one transaction, unless an earlier run of the task wrote them."""
+    each task's in one transaction, unless an earlier run of the task wrote them;
+    with ``links``' producers, the worker's unless given."""
 
     def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
 
         context = TaskContext.get()
         partition = context.partitionId() if context is not None else 0
-        yield write_task(target, partition, batch_id, batches, links)
+        producers = worker_links() if links is None else links
+        yield write_task(target, partition, batch_id, batches, producers)
 
     return run
 

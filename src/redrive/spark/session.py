@@ -164,3 +164,26 @@ def _quiet_stop() -> None:
     # configuration's) would go on.
     log4j = context._jvm.org.apache.logging.log4j
     log4j.core.config.Configurator.setAllLevels(log4j.LogManager.ROOT_LOGGER_NAME, log4j.Level.OFF)
+
+
+def stop_with_jvm(session: Any) -> None:
+    """Stop the session's queries, the session, and the JVM PySpark started for it.
+    The JVM keeps the Kafka connector's producers cached after ``stop()``, which go on
+    logging connection errors once their broker is gone: a program that stops its
+    broker after Spark (a benchmark, a test) ends the JVM too. A later session starts
+    a new one."""
+    from pyspark import SparkContext
+
+    for query in session.streams.active:
+        query.stop()
+    session.stop()
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    jvm_process = getattr(gateway, "proc", None)  # set by PySpark's launch_gateway
+    gateway.shutdown()
+    if jvm_process is not None:
+        jvm_process.terminate()
+        jvm_process.wait(30)
+    SparkContext._gateway = None
+    SparkContext._jvm = None
