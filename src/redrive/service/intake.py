@@ -37,11 +37,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from redrive.clock import now_ms
-from redrive.headers import DEAD_LETTER_REASON
-from redrive.kafka import BATCH_WIDE_REFUSALS, consume_available, produce_patiently
+from redrive.kafka import consume_available
 from redrive.membership import GroupConsumer, static_membership
 from redrive.reasons import DeadLetterReason
 from redrive.records import DeadLetterRecord, PendingRetry, Release
@@ -49,6 +48,7 @@ from redrive.rejoin import RejoinWatch
 from redrive.requests import Incoming, IntakeRules, classify
 from redrive.schedules import backoff_delay
 from redrive.service.config import ServiceSettings
+from redrive.service.dlq_mirror import DlqMirror, ingested
 from redrive.service.ingest import ingest
 from redrive.service.ingest.originals import Originals
 from redrive.service.metrics import ServiceMetrics
@@ -62,11 +62,6 @@ INSTANCE_ID_SETTING = "instance_id (REDRIVE_INSTANCE_ID)"
 # How long a revocation waits for the batch being stored, to commit it before the
 # partitions go (an insert takes well under a second; the group waits for us longer).
 REVOKE_WAIT_S = 10.0
-
-
-def _ingested(letter: DeadLetterRecord) -> bool:
-    """Read from a dead-letter topic intake ingests, not refused as a request."""
-    return letter.source.startswith("ingest:")
 
 
 def repeat_stage(record: PendingRetry | DeadLetterRecord | Release) -> str:
@@ -141,10 +136,8 @@ class Intake:
             setting=INSTANCE_ID_SETTING,
         )
         self.mirror = (
-            # The service's producer settings: a dead letter near the requests topic's
-            # size limit must not be refused by librdkafka's smaller default.
-            Producer({**(producer_config or kafka_config), "enable.idempotence": True})
-            if (settings.mirror_dead_letters)
+            DlqMirror(producer_config or kafka_config, settings.dlq_topic, metrics)
+            if settings.mirror_dead_letters
             else None
         )
         self.originals = Originals(kafka_config)
@@ -192,7 +185,6 @@ class Intake:
             self.consumer.close()
             self.originals.close()
             if self.mirror is not None:
-                self.mirror.flush(10)
                 self.mirror.close()
             log.info("intake stopped")
 
@@ -296,7 +288,8 @@ class Intake:
             stored = waited
         dead = stored.without_repeats(batch.dead)
         self._stored(stored, dead)
-        self._mirror(dead)
+        if self.mirror is not None:
+            self.mirror.copy(dead)
         self._commit(batch.incoming)
         for repeat in stored.repeats:
             # Only requests (read at coordinates, with an identity) can be repeats.
@@ -314,7 +307,7 @@ class Intake:
             assert letter.request is not None
             # A consumer's own dead letter is business as usual, and so is one ingested
             # from a dead-letter topic; anything else was refused.
-            sent = letter.reason_code == DeadLetterReason.SENT_TO_DLQ or _ingested(letter)
+            sent = letter.reason_code == DeadLetterReason.SENT_TO_DLQ or ingested(letter)
             (log.info if sent else log.warning)(
                 "dead letter stored" if sent else "request refused",
                 topic=letter.request.topic,
@@ -368,7 +361,7 @@ class Intake:
         for letter in stored.read_again:
             self.metrics.ingested_again.labels(letter.source.removeprefix("ingest:")).inc()
         for letter in dead:
-            if _ingested(letter):
+            if ingested(letter):
                 self.metrics.ingested.labels(letter.source.removeprefix("ingest:")).inc()
             else:
                 self.metrics.invalid.labels(letter.reason_code).inc()
@@ -457,63 +450,3 @@ class Intake:
             # A rebalance took the partitions away: the new owner reads these requests
             # again and the idempotent insert ignores them. Nothing is lost.
             log.warning("offset commit failed; requests will be read again", error=str(exc))
-
-    def _mirror(self, dead: list[DeadLetterRecord]) -> None:
-        """Copy the stored dead letters to the DLQ topic. They are already durable in
-        the store, so a copy the broker refuses is logged and counted, never a reason
-        to stop intake (which would meet the same request again at every restart).
-        A letter refused with its whole batch is sent again alone: only one refused
-        alone has failed."""
-        # An ingested letter is in a dead-letter topic already: not copied again.
-        dead = [letter for letter in dead if not _ingested(letter)]
-        if self.mirror is None or not dead:
-            return
-        for letter, error in self._mirror_batch(dead):
-            if error.code() in BATCH_WIDE_REFUSALS:
-                again = self._mirror_batch([letter])
-                if not again:
-                    continue
-                error = again[0][1]
-            self._mirror_failed(letter, error.str())
-
-    def _mirror_batch(
-        self, dead: list[DeadLetterRecord]
-    ) -> list[tuple[DeadLetterRecord, KafkaError]]:
-        """Produce the letters and wait for the broker; those it refused, with why."""
-        mirror = self.mirror
-        assert mirror is not None
-        refused: list[tuple[DeadLetterRecord, KafkaError]] = []
-        for letter in dead:
-            headers = [*letter.headers, (DEAD_LETTER_REASON, letter.reason.encode())]
-
-            def delivered(
-                err: KafkaError | None, _: Message, letter: DeadLetterRecord = letter
-            ) -> None:
-                if err is not None:
-                    refused.append((letter, err))
-
-            try:
-                produce_patiently(
-                    mirror,
-                    self.settings.dlq_topic,
-                    key=letter.key,
-                    value=letter.value,
-                    headers=headers,
-                    on_delivery=delivered,
-                )
-            except KafkaException as exc:  # refused before sending (too large, ...)
-                refused.append((letter, exc.args[0]))
-        mirror.flush(30)
-        return refused
-
-    def _mirror_failed(self, letter: DeadLetterRecord, error: str) -> None:
-        self.metrics.delivery_errors.labels("mirror_refused").inc()
-        request = letter.request
-        log.error(
-            "dead letter stored but not mirrored to the DLQ topic",
-            dlq_topic=self.settings.dlq_topic,
-            topic=request.topic if request else None,
-            partition=request.partition if request else None,
-            offset=request.offset if request else None,
-            error=error,
-        )
