@@ -11,6 +11,7 @@ import pytest
 
 from redrive import App, Message
 from redrive.headers import decode
+from tests.chaos.hand_offs import committed_hand_offs
 from tests.integration.consumer_harness import (
     Calls,
     outcome_count,
@@ -72,3 +73,55 @@ def test_a_repeat_delivery_is_skipped_within_the_window(
             # Counted at the end of the loop's turn, after the handler ran.
             wait_for(lambda: outcome_count(app, topic, "handled") == (1 if window else 2), 20)
             assert outcome_count(app, topic, "handled") == (1 if window else 2)
+
+
+@pytest.mark.parametrize("transactional", [True, False])
+def test_a_repeat_of_an_ordered_record_releases_its_key_again_only_without_transactions(
+    transactional: bool, bootstrap: str, database_url: str, new_topic: Callable[..., str]
+) -> None:
+    """With ``ordering="key"`` a handled redelivery releases its key's queue. The
+    retry service delivering it again (a crash between its delivery and its
+    bookkeeping) is a repeat: without transactions it releases again (the first
+    release may be lost); with them the first release was committed with the
+    handling, and a second would be a second hand-off of the same request."""
+    topic = new_topic("repeats-ordered")
+    calls = Calls()
+
+    def handler(message: Message) -> None:
+        calls.add(message)
+        if message.attempt == 1:
+            raise Flaky("first attempt")
+
+    with retry_service(bootstrap, database_url, allowed_destinations=[topic]) as service:
+        requests = service.settings.requests_topic
+        app = App(
+            bootstrap,
+            group=f"g-repeats-ordered-{transactional}-{topic}",
+            requests_topic=requests,
+            transactional=transactional,
+        )
+        app.add_handler(topic, handler, strategy="service", policy="300ms x2", ordering="key")
+        with running_app(app):
+            produce(bootstrap, topic, [{"key": b"k", "value": b"x"}])
+            assert calls.wait_for(lambda: len(calls.of(b"x")) == 2, 30)
+            assert wait_for(lambda: releases(bootstrap, requests) == 1, 30)
+            collector = Collector(bootstrap, topic)
+            [delivery] = [d for d in collector.poll_until(2, 20) if d.headers]
+            collector.close()
+            produce(
+                bootstrap,
+                topic,
+                [{"key": delivery.key, "value": delivery.value, "headers": delivery.headers}],
+            )
+            assert wait_for(lambda: outcome_count(app, topic, "repeat_skipped") == 1, 20)
+            expected = 1 if transactional else 2
+            assert wait_for(lambda: releases(bootstrap, requests) == expected, 20)
+            wait_for(lambda: releases(bootstrap, requests) > expected, 2.0)
+            assert releases(bootstrap, requests) == expected
+            assert [c.attempt for c in calls.of(b"x")] == [1, 2]
+
+
+def releases(bootstrap: str, requests_topic: str) -> int:
+    """The key-queue releases on the requests topic, as intake reads them."""
+    found = committed_hand_offs(bootstrap, requests_topic)
+    return sum(count for (kind, _), count in found.items() if kind == "release")

@@ -183,9 +183,12 @@ class Records:
                 self.keys.release(route, retry, message.key)
 
     def remember(self, message: Message) -> None:
-        """A redelivered record was handled: a later delivery of it is a repeat."""
+        """A redelivered record was handled: a later delivery of it is a repeat (at
+        once: also one arriving before the transaction commits)."""
         if message.retry is not None and message.retry.id is not None:
             self.repeats.add(message.retry.id)
+            if self.transactional:
+                self.repeats.stage(message.retry.id)
 
     def remember_handed_off(self, delivery: RetryHeaders | None, done: bool) -> None:
         """A redelivered record's failure was handed off (``done``: as a dead letter,
@@ -194,7 +197,7 @@ class Records:
         if delivery is None or delivery.id is None:
             return
         if self.transactional:
-            self.repeats.stage(delivery.id, done)
+            self.repeats.stage(delivery.id)
         else:
             self.repeats.add(delivery.id, done)
 

@@ -17,6 +17,12 @@ that failed would otherwise fail again and hand the same next retry off twice. W
 ``transactional=True`` such ids count from the commit of their transaction
 (:meth:`RecentIds.stage`, :meth:`RecentIds.commit`): a repeat skipped after an
 aborted hand-off would lose it.
+
+A repeat of a record that left its key's queue (``ordering="key"``) releases the
+queue again, since the first release may be lost (a crash before it was sent, or
+its transaction aborted); with transactions, not once the transaction that released
+it committed: the release is then as durable as the handling, and a second one
+would be a second hand-off of the same request.
 """
 
 from __future__ import annotations
@@ -41,10 +47,12 @@ def checked_window(size: object) -> int:
 class RecentIds:
     def __init__(self, size: int = DEFAULT_REPEAT_WINDOW) -> None:
         self.size = size
-        # id -> whether its record left its key's queue (handled or a dead letter: a
-        # repeat releases the queue again) or went on to its next retry (it stays).
+        # id -> whether a repeat of it releases its key's queue again: its record left
+        # the queue (handled or a dead letter) and the release may be lost (without
+        # transactions, or in one not committed yet); not when it went on to its next
+        # retry (it stays in the queue) or its transaction committed the release.
         self._ids: dict[str, bool] = {}  # insertion order: the oldest first
-        self._staged: list[tuple[str, bool]] = []
+        self._staged: list[str] = []
 
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._ids
@@ -64,15 +72,24 @@ class RecentIds:
         if len(ids) > self.size:
             del ids[next(iter(ids))]  # the oldest goes
 
-    def stage(self, request_id: str, done: bool) -> None:
-        """A delivery's failure was handed off in the open transaction: remembered
-        once it commits (:meth:`commit`), forgotten if it aborts (:meth:`abort`)."""
+    def stage(self, request_id: str) -> None:
+        """A delivery was dealt with in the open transaction (handled, or its failure
+        handed off): once the transaction commits (:meth:`commit`) it is remembered as
+        settled; if it aborts (:meth:`abort`), a hand-off is forgotten and a handled
+        record stays as :meth:`add` left it."""
         if self.size > 0:
-            self._staged.append((request_id, done))
+            self._staged.append(request_id)
 
     def commit(self) -> None:
-        for request_id, done in self._staged:
-            self.add(request_id, done)
+        """The open transaction committed, with the key-queue releases it made: a
+        repeat of its deliveries is skipped without releasing again (a second release
+        would be a second hand-off of the same request)."""
+        ids = self._ids
+        for request_id in self._staged:
+            if request_id in ids:
+                ids[request_id] = False
+            else:
+                self.add(request_id, done=False)
         self._staged.clear()
 
     def abort(self) -> None:
