@@ -53,7 +53,7 @@ INT32_MAX = 2**31 - 1
 INT32_MIN = -(2**31)
 
 # Bounded so that the whole file takes a minute or two on two cores.
-MAX_EXAMPLES = 25
+MAX_EXAMPLES = 15
 
 # The checks that matter here: no server error, and every answer as documented.
 # (use_after_free and ensure_resource_availability need the stateful phase, which

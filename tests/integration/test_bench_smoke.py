@@ -87,14 +87,12 @@ def test_the_spark_benchmark_runs_and_reports_its_figures(tmp_path: Path) -> Non
             "6 spark scheduler",
             "6 spark scheduler exactly-once",
             "6 spark scheduler lateness",
-            "6 spark scheduler lateness, at-least-once",
         ]
     )
     assert results["6 spark pipeline"]["figures"]["n"] == 2_000
     assert results["6 spark scheduler"]["figures"]["n"] == 2_000
     assert results["6 spark scheduler exactly-once"]["figures"]["n"] == 2_000
-    for delivery in ("", ", at-least-once"):
-        lateness = results[f"6 spark scheduler lateness{delivery}"]["figures"]
-        assert lateness["n"] == 6_000  # 2,000/s for 3 s
-        assert lateness["early"] == 0, "the Spark scheduler delivered a retry before it was due"
+    lateness = results["6 spark scheduler lateness"]["figures"]  # exactly once, the default
+    assert lateness["n"] == 6_000  # 2,000/s for 3 s
+    assert lateness["early"] == 0, "the Spark scheduler delivered a retry before it was due"
     assert results["6 spark latency, 1 record"]["figures"]["samples"] == 5
