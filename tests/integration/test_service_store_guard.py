@@ -127,7 +127,12 @@ def test_a_service_on_another_database_refuses_the_group_and_the_first_keeps_del
         deliver([f"after-{i}".encode() for i in range(12)])
         assert first.alive()
         # The second never joined the group: the first was not even rebalanced.
-        assert "partitions revoked" not in first.log_path.read_text()
+        first_log = first.log_path.read_text()
+        assert "partitions revoked" not in first_log, (
+            "the first service was rebalanced; its group events:\n"
+            + "\n".join(line for line in first_log.splitlines() if "partitions" in line)
+            + f"\nthe second's log:\n{second.log_path.read_text()[-3000:]}"
+        )
     finally:
         collector.close()
         first_code = first.terminate() if first.proc is not None else None
