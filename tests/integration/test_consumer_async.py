@@ -255,3 +255,23 @@ def test_the_docs_example_charges_concurrently_and_dead_letters_the_empty_order(
     [letter] = collector.poll_until(1, 20)
     collector.close()
     assert json.loads(letter.value)["id"] == "o-0"
+
+
+def test_an_async_handlers_time_counts_its_awaits(
+    bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    """redrive_consumer_handler_seconds_total, for an ``async def`` handler, is each
+    call's time from its start to its end: four calls that each await 0.25 s add at
+    least a second, although they run at once."""
+    topic = new_topic("async-time")
+
+    async def slow(message: Message) -> None:
+        await asyncio.sleep(0.25)
+
+    app = App(bootstrap, group=f"g-async-time-{uuid.uuid4().hex[:8]}")
+    app.add_handler(topic, slow, strategy="topics", policy=POLICY)
+    with running_app(app):
+        produce(bootstrap, topic, [{"key": f"k{i}".encode(), "value": b"v"} for i in range(4)])
+        assert wait_for(lambda: outcome_count(app, topic, "handled") == 4, 30)
+        seconds = app.metrics.registry.get_sample_value("redrive_consumer_handler_seconds_total")
+    assert seconds is not None and seconds >= 1.0, seconds

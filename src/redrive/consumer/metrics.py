@@ -22,7 +22,9 @@ class ConsumerMetrics:
         # time per record.
         self.handler_seconds = Counter(
             "redrive_consumer_handler_seconds",
-            "Time spent handling records (handlers and redrive's work around them).",
+            "Time spent handling records: for def handlers, the handlers and redrive's "
+            "work around them, timed per batch; for async def handlers, each call from "
+            "its start to its end, awaits included (calls at once overlap).",
             registry=self.registry,
         )
         self.waiting_partitions = Gauge(
