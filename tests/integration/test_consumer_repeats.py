@@ -28,17 +28,24 @@ class Flaky(Exception):
     pass
 
 
+def failing_once(calls: Calls) -> Callable[[Message], None]:
+    """A handler noting each call that fails every record's first attempt."""
+
+    def handler(message: Message) -> None:
+        calls.add(message)
+        if message.attempt == 1:
+            raise Flaky("first attempt")
+
+    return handler
+
+
 @pytest.mark.parametrize("window", [100, 0])
 def test_a_repeat_delivery_is_skipped_within_the_window(
     window: int, bootstrap: str, database_url: str, new_topic: Callable[..., str]
 ) -> None:
     topic = new_topic("repeats")
     calls = Calls()
-
-    def handler(message: Message) -> None:
-        calls.add(message)
-        if message.attempt == 1:
-            raise Flaky("first attempt")
+    handler = failing_once(calls)
 
     with retry_service(bootstrap, database_url, allowed_destinations=[topic]) as service:
         app = App(
@@ -86,11 +93,7 @@ def test_a_repeat_of_an_ordered_record_releases_its_key_again_only_without_trans
     handling, and a second would be a second hand-off of the same request."""
     topic = new_topic("repeats-ordered")
     calls = Calls()
-
-    def handler(message: Message) -> None:
-        calls.add(message)
-        if message.attempt == 1:
-            raise Flaky("first attempt")
+    handler = failing_once(calls)
 
     with retry_service(bootstrap, database_url, allowed_destinations=[topic]) as service:
         requests = service.settings.requests_topic
