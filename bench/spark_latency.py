@@ -131,7 +131,8 @@ def measure(
     pause_s: float,
     rng: random.Random,
 ) -> Latencies:
-    """Latencies of ``samples`` records, one at a time, after ``WARMUP`` of them."""
+    """Latencies of ``samples`` records, one at a time, after ``WARMUP`` of them (one
+    in a smoke run: the first record starts the query's Python workers)."""
     source = create_topic(bootstrap, "bench-latency", 1)
     output = create_topic(bootstrap, "bench-latency-out", 1)
     requests = create_topic(bootstrap, "bench-latency-requests", 1)
@@ -140,11 +141,12 @@ def measure(
         query = start(source, output, requests, str(checkpoints / "query"))
         try:
             measured: list[int] = []
-            for n in range(WARMUP + samples):
+            warmup = WARMUP if samples >= SAMPLES else 1
+            for n in range(warmup + samples):
                 key = f"{label}-{n}".encode()
                 sent = probe.send(key)
                 arrived = probe.output_timestamp(key, query, FIRST_OUTPUT_S if n == 0 else OUTPUT_S)
-                if n >= WARMUP:
+                if n >= warmup:
                     measured.append(arrived - sent)
                 time.sleep(rng.uniform(0.05, 0.05 + pause_s))  # spacing, not waiting
         finally:
