@@ -20,7 +20,6 @@ from redrive.deadlines import Deadline
 from redrive.headers import Header
 from redrive.kafka import headers_of
 from redrive.local.spark_cluster import LocalSparkCluster
-from redrive.spark.session import stop_with_jvm
 
 
 def create_topics(
@@ -102,11 +101,6 @@ class TopicReader:
 
     def close(self) -> None:
         self.consumer.close()
-
-
-def stop_spark(session: object) -> None:
-    """Stop a test module's Spark, its JVM included (see stop_with_jvm)."""
-    stop_with_jvm(session)
 
 
 @contextmanager

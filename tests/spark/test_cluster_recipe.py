@@ -35,6 +35,7 @@ from tests.conftest import wait_for_topics
 from tests.integration.local_stack_harness import processes_using, run_cli
 from tests.spark import TopicReader, create_topics
 from tests.spark.test_pipeline_command import (
+    REPO,
     check_outcomes,
     child_env,
     pipeline_options,
@@ -45,7 +46,6 @@ from tests.spark.test_pipeline_command import (
 
 pytestmark = [pytest.mark.spark, pytest.mark.serial]
 
-REPO = Path(__file__).resolve().parents[2]
 PIPELINE_FILE = redrive.spark.pipeline_command.__file__
 SPARK_SUBMIT = Path(sys.executable).with_name("spark-submit")  # pip's PySpark puts it there
 # The service's default topics, which the scheduler reads and the pipeline writes.

@@ -40,7 +40,7 @@ from redrive.spark.output import to_arrow
 from redrive.spark.pipeline import start_pipeline
 from redrive.spark.routing import RecordHandler, Routing
 from redrive.spark.scheduler import build_scheduler_query
-from redrive.spark.session import spark_session
+from redrive.spark.session import spark_session, stop_with_jvm
 from tests.integration.consumer_harness import wait_for
 from tests.integration.kcat import kcat_produce
 from tests.integration.service_harness import (
@@ -50,7 +50,7 @@ from tests.integration.service_harness import (
     running_service,
     settings_for,
 )
-from tests.spark import TopicReader, create_topics, stop_spark, unique
+from tests.spark import TopicReader, create_topics, unique
 
 pytestmark = pytest.mark.spark
 
@@ -102,7 +102,7 @@ def retryable(error: BaseException) -> bool | None:
 def spark() -> Iterator[Any]:
     session = spark_session("redrive-test-pipeline")
     yield session
-    stop_spark(session)
+    stop_with_jvm(session)
 
 
 def test_failures_are_retried_and_dead_lettered_and_the_query_survives(

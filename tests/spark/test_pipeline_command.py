@@ -20,7 +20,6 @@ from pathlib import Path
 
 import pytest
 
-import redrive.spark.pipeline_command
 from redrive.deadlines import Deadline
 from redrive.headers import decode
 from redrive.ports import free_port
@@ -32,8 +31,6 @@ pytestmark = pytest.mark.spark
 
 REPO = Path(__file__).resolve().parents[2]
 HANDLERS = "tests.spark.pipeline_handlers"
-PIPELINE_FILE = redrive.spark.pipeline_command.__file__
-SPARK_SUBMIT = Path(sys.executable).with_name("spark-submit")  # pip's PySpark puts it there
 
 
 def child_env(**extra: str) -> dict[str, str]:

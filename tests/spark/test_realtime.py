@@ -25,9 +25,9 @@ from pyspark.errors import StreamingQueryException
 
 from redrive.headers import Header
 from redrive.spark.pipeline import with_retries
-from redrive.spark.session import spark_session
+from redrive.spark.session import spark_session, stop_with_jvm
 from tests.integration.service_harness import produce
-from tests.spark import TopicReader, create_topics, stop_spark, unique
+from tests.spark import TopicReader, create_topics, unique
 
 pytestmark = pytest.mark.spark
 
@@ -45,7 +45,7 @@ def handler(key: bytes | None, value: bytes | None, headers: list[Header], attem
 def spark() -> Iterator[Any]:
     session = spark_session("redrive-test-realtime")
     yield session
-    stop_spark(session)
+    stop_with_jvm(session)
 
 
 def kafka_source(spark: Any, bootstrap: str, topic: str) -> Any:

@@ -20,10 +20,10 @@ from redrive.deadlines import Deadline
 from redrive.headers import DEAD_LETTER_REASON, Header, RetryHeaders, encode, request_id
 from redrive.spark.repeats import repeats_dropped
 from redrive.spark.scheduler import build_scheduler_query
-from redrive.spark.session import spark_session
+from redrive.spark.session import spark_session, stop_with_jvm
 from tests.integration.placement import keys_apart
 from tests.integration.service_harness import now_ms, produce, request_headers
-from tests.spark import Received, TopicReader, create_topics, stop_spark, unique
+from tests.spark import Received, TopicReader, create_topics, unique
 
 pytestmark = pytest.mark.spark
 
@@ -34,7 +34,7 @@ def spark() -> Iterator[Any]:
     # requests_read sums the progress Spark keeps: keep all of it, not the last 100.
     session.conf.set("spark.sql.streaming.numRecentProgressUpdates", "100000")
     yield session
-    stop_spark(session)
+    stop_with_jvm(session)
 
 
 def requests_read(query: Any) -> int:
