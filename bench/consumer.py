@@ -35,7 +35,7 @@ from confluent_kafka import Consumer
 from bench.common import create_topic, fresh_database
 from bench.kafka_raw import CONSUMER_TUNING, produce
 from bench.service import service_process
-from redrive import App, Message
+from redrive import App, Message, Service, Topics
 
 _DOC: dict[str, Any] = {"id": 1, "items": [{"sku": f"A-{i}", "qty": i} for i in range(30)]}
 _DOC["note"] = "x" * (1024 - len(json.dumps({**_DOC, "note": ""})))
@@ -171,9 +171,9 @@ def app_loop(
             topic, batch_handler, max_records=500, max_wait=0, policy="1s", strategy="service"
         )
     elif variant in FAILURE_PATHS or variant in TIER_ORDER_PATHS[1:]:
-        app.add_handler(topic, handler, policy="100ms", strategy="topics", ordering=ordering)
+        app.add_handler(topic, handler, policy="100ms", strategy=Topics(ordering=ordering))
     elif variant in SERVICE_PATHS:
-        app.add_handler(topic, handler, policy="100ms", strategy="service", ordering=ordering)
+        app.add_handler(topic, handler, policy="100ms", strategy=Service(ordering=ordering))
     else:
         app.add_handler(topic, handler, policy="1s", strategy=variant)  # type: ignore[arg-type]
     thread = threading.Thread(target=lambda: app.run(install_signal_handlers=False), daemon=True)

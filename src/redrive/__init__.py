@@ -1,6 +1,17 @@
 """redrive: failed Kafka messages come back when due; spent ones land in dead letters."""
 
-from redrive.consumer import App, BatchFailed, Breaker, DeserializationError, Message
+from redrive.consumer import (
+    App,
+    BatchFailed,
+    Blocking,
+    Breaker,
+    DeserializationError,
+    Message,
+    Pause,
+    RetryTopic,
+    Service,
+    Topics,
+)
 from redrive.policy import FatalError, Policy, RetryableError, policy
 
 __version__ = "0.1.0"
@@ -8,12 +19,17 @@ __version__ = "0.1.0"
 __all__ = [
     "App",
     "BatchFailed",
+    "Blocking",
     "Breaker",
     "DeserializationError",
     "FatalError",
     "Message",
+    "Pause",
     "Policy",
+    "RetryTopic",
     "RetryableError",
+    "Service",
+    "Topics",
     "__version__",
     "policy",
 ]

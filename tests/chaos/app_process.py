@@ -41,8 +41,10 @@ import os
 import random
 import sys
 import time
+from typing import cast
 
-from redrive import App, Message
+from redrive import App, Message, RetryTopic, Service, Topics
+from redrive.consumer.strategies import Strategy
 from redrive.logs import configure
 
 
@@ -69,6 +71,19 @@ def seq_of(value: str) -> int | None:
         if field.isdigit():
             return int(field)
     return None
+
+
+def strategy_of(name: str, ordering: str | None) -> Strategy:
+    """The strategy named on the command line, keeping key order if asked."""
+    if ordering is None:
+        return cast(Strategy, name)
+    kinds: dict[str, type[Service | Topics]] = {
+        "service": Service,
+        "topics": Topics,
+        "retry-topic": RetryTopic,
+    }
+    ordered = kinds[name]
+    return ordered(ordering="key")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,9 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         args.topic,
         handle_async if args.use_async else handle,
         policy=args.policy,
-        strategy=args.strategy,
+        strategy=strategy_of(args.strategy, args.ordering),
         fatal_on=Fatal,
-        ordering=args.ordering,
         dead_letters=args.dead_letters,
     )
     ordering = f", ordering={args.ordering}" if args.ordering else ""

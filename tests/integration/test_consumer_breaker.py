@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from redrive import App, Breaker, Message
+from redrive import App, Breaker, Message, Pause
 from redrive.clock import now_ms
 from redrive.consumer.breaker import BreakerState
 from redrive.deadlines import Deadline
@@ -177,10 +177,11 @@ def test_the_breaker_opens_pauses_every_partition_probes_once_and_closes(
     app.add_handler(
         topic,
         handler,
-        strategy="pause",
+        strategy=Pause(
+            breaker=Breaker(failures=5, window="30s", open_for="exponential 2s x2 max 8s")
+        ),
         policy="1s x*",
         max_attempts=1000,
-        breaker=Breaker(failures=5, window="30s", open_for="exponential 2s x2 max 8s"),
     )
     with running_app(app):
         assert app.metrics.registry.get_sample_value(STATE, {"topic": topic}) == 0
@@ -266,10 +267,9 @@ def test_partitions_a_rebalance_assigns_while_open_wait_too(
     first.add_handler(
         topic,
         handler,
-        strategy="pause",
+        strategy=Pause(breaker=Breaker(failures=3, window="30s", open_for="15s")),
         policy="500ms x*",
         max_attempts=1000,
-        breaker=Breaker(failures=3, window="30s", open_for="15s"),
     )
     second = App(bootstrap, group=group)
     second.add_handler(topic, fine, strategy="pause")
@@ -319,10 +319,9 @@ def test_dead_letters_of_spent_policies_open_it_and_are_not_handled_again(
     app.add_handler(
         topic,
         handler,
-        strategy="pause",
+        strategy=Pause(breaker=Breaker(failures=3, window="30s", open_for="3s")),
         policy="1s",
         max_attempts=1,
-        breaker=Breaker(failures=3, window="30s", open_for="3s"),
     )
     values = [f"r{i}".encode() for i in range(10)]
     with running_app(app):

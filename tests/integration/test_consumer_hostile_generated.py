@@ -25,7 +25,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from redrive import App, Message, policy
+from redrive import App, Message, Topics, policy
 from redrive.deadlines import Deadline
 from redrive.headers import decode, is_redrive_header
 from redrive.service.store.packed_headers import unpack_headers
@@ -324,8 +324,7 @@ def hostile_env(bootstrap: str, database_url: str) -> Iterator[HostileEnv]:
                 topic,
                 outcomes.handle,
                 policy=POLICY,
-                strategy=strategy.split()[0],  # type: ignore[arg-type]
-                ordering="key" if ordered else None,
+                strategy=Topics(ordering="key") if ordered else strategy,  # type: ignore[arg-type]
             )
             stack.enter_context(running_app(app))
             if strategy == "service":

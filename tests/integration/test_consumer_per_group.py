@@ -1,7 +1,8 @@
 """Per-group retry topics, and the in-app strategies' dead letters in the retry service.
 
-`per_group_topic=True` is taken by the `service` strategy only (the others refuse it
-when the handler is registered): the service then delivers this group's retries to
+`Service(per_group_topic=True)` (the option is the `service` strategy's alone; an
+untyped caller giving it to a handler is told where it went): the service then
+delivers this group's retries to
 `<group>.<topic>.retry`, which the App reads too, so that another consumer group
 reading `<topic>` never sees them. Checked with two groups on one topic and the real
 broker and service: group A fails some records, group B handles everything. "Never"
@@ -30,7 +31,7 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from redrive import App, FatalError, Message
+from redrive import App, FatalError, Message, Service
 from redrive.consumer.routes import HandlerOptions, Strategy
 from redrive.errors import ConfigError
 from redrive.reasons import DeadLetterReason
@@ -171,7 +172,7 @@ def run_two_groups(
             app = App(bootstrap, group=group, requests_topic=requests_topic)
             options: HandlerOptions = {"policy": POLICY, "strategy": strategy}
             if per_group_topic:
-                options["per_group_topic"] = True
+                options["strategy"] = Service(per_group_topic=True)
             app.add_handler(topic, handler, **options)
             stack.enter_context(running_app(app))
         produce(
@@ -201,18 +202,23 @@ def run_two_groups(
 # ------------------------------------------------------------ which strategies take it
 
 
-@pytest.mark.parametrize("strategy", ["blocking", "pause", "topics"])
-def test_per_group_topic_is_refused_by_every_strategy_but_service(strategy: Strategy) -> None:
+@pytest.mark.parametrize("strategy", ["blocking", "pause", "topics", "service"])
+def test_per_group_topic_is_the_service_strategys_own_option(strategy: Strategy) -> None:
     app = App("localhost:1", group="g")
-    app.add_handler("orders", lambda m: None, strategy="service", per_group_topic=True)
+    app.add_handler("orders", lambda m: None, strategy=Service(per_group_topic=True))
     assert app.routes["orders"].redelivery_topic == per_group_retry_topic("g", "orders")
-    with pytest.raises(ConfigError, match="only the service strategy"):
+    app.add_handler("shipments", lambda m: None, strategy=Service())
+    assert app.routes["shipments"].redelivery_topic == "shipments"
+    # Given to a handler as before (which mypy refuses), it is a ConfigError that
+    # says where it went, whatever the strategy.
+    with pytest.raises(ConfigError, match=r"use strategy=Service\(per_group_topic=True\)"):
         app.add_handler(
             "payments",
             lambda m: None,
             strategy=strategy,
-            per_group_topic=True,
+            per_group_topic=True,  # type: ignore[call-arg]
         )
+    assert "payments" not in app.routes
 
 
 # ------------------------------------------------------------ two groups, one topic

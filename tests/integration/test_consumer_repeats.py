@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from redrive import App, Message
+from redrive import App, Message, Service
 from redrive.headers import decode
 from tests.chaos.hand_offs import committed_hand_offs
 from tests.integration.consumer_harness import (
@@ -103,7 +103,7 @@ def test_a_repeat_of_an_ordered_record_releases_its_key_again_only_without_trans
             requests_topic=requests,
             transactional=transactional,
         )
-        app.add_handler(topic, handler, strategy="service", policy="300ms x2", ordering="key")
+        app.add_handler(topic, handler, strategy=Service(ordering="key"), policy="300ms x2")
         with running_app(app):
             produce(bootstrap, topic, [{"key": b"k", "value": b"x"}])
             assert calls.wait_for(lambda: len(calls.of(b"x")) == 2, 30)

@@ -6,7 +6,7 @@ import re
 import socket
 from pathlib import Path
 
-from redrive import App
+from redrive import App, Service, Topics
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "consumer.md"
 
@@ -23,7 +23,12 @@ def test_the_settings_examples_configure_the_consumer() -> None:
         namespace: dict[str, object] = {"App": App}
         exec(compile(block, str(DOC), "exec"), namespace)
         apps.append(namespace["app"])
-    [transactional, static, fetching] = apps
+    [typed, transactional, static, fetching] = apps
+    assert isinstance(typed, App)
+    assert typed.routes["orders"].strategy == Service(per_group_topic=True)
+    assert typed.routes["orders"].redelivery_topic == "billing.orders.retry"
+    assert typed.routes["statuses"].strategy == Topics(ordering="key")
+    assert typed.routes["statuses"].lines_in_tiers
     assert isinstance(transactional, App) and transactional.transactional
     assert transactional.consumer_kafka == {"group.instance.id": "billing-0"}
     assert isinstance(static, App) and isinstance(fetching, App)

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 from confluent_kafka import Message as KafkaMessage
 
-from redrive import App, Message
+from redrive import App, Message, Topics
 from redrive.consumer import AsyncHandlerError
 from redrive.consumer.handlers import is_async_callable, refuse_awaitable
 from redrive.consumer.routes import Route
@@ -225,14 +225,14 @@ def test_forged_redrive_headers_are_read_leniently(
 
 
 def test_tiers_are_per_group_and_need_a_group_that_makes_a_topic_name() -> None:
-    route = Route("orders", plain_handler, policy("5s, 1m x2"), "topics", "billing")
+    route = Route("orders", plain_handler, policy("5s, 1m x2"), Topics(), "billing")
     assert sorted(route.tiers.values()) == ["billing.orders.retry.1m", "billing.orders.retry.5s"]
     with pytest.raises(ConfigError, match="not a legal Kafka topic name"):
-        Route("orders", plain_handler, policy("5s"), "topics", "billing/eu")
+        Route("orders", plain_handler, policy("5s"), Topics(), "billing/eu")
 
 
 def test_a_tier_knows_its_delay() -> None:
-    route = Route("orders", plain_handler, policy("5s, 1m x2"), "topics", "g")
+    route = Route("orders", plain_handler, policy("5s, 1m x2"), Topics(), "g")
     assert route.tier_delay_ms("g.orders.retry.5s") == 5_000
     assert route.tier_delay_ms("g.orders.retry.1m") == 60_000
     with pytest.raises(KeyError):

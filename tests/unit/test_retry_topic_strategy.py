@@ -28,12 +28,12 @@ def plain_handler(message: Message) -> None:
 
 
 def route_for(chosen: Policy, group: str = "billing") -> Route:
-    return Route("orders", plain_handler, chosen, "retry-topic", group)
+    return Route("orders", plain_handler, chosen, RetryTopic(), group)
 
 
 def test_the_topic_is_per_group_and_source_topic_and_no_tier() -> None:
     assert single_retry_topic("billing", "orders") == TOPIC
-    assert isinstance(BY_NAME["retry-topic"], RetryTopic)
+    assert BY_NAME["retry-topic"] is RetryTopic
     assert "retry-topic" in STRATEGIES and set(STRATEGIES) == set(BY_NAME)
 
 
@@ -84,18 +84,18 @@ def test_every_attempt_goes_to_the_one_topic_on_its_partition() -> None:
         delivery=None,
         attempt=4,
     )
-    target = route.plan.retry_to(route, failed, "redrive.requests")
+    target = route.strategy.retry_to(route, failed, "redrive.requests")
     assert target is not None
     assert (target.topic, target.destination, target.partition) == (TOPIC, "orders", 3)
 
 
 def test_a_record_waits_at_most_the_longest_delay_and_the_slack() -> None:
     route = route_for(policy("1s, 1m"))
-    plan = route.plan
+    strategy = route.strategy
 
     def hold(due_in_ms: int) -> object:
         delivery = RetryHeaders(destination="orders", retry_at=now_ms() + due_in_ms)
-        return plan.hold(route, TOPIC, 0, 1, delivery)
+        return strategy.hold(route, TOPIC, 0, 1, delivery)
 
     assert hold(-1) is None  # due: handled now
     assert hold(59_000) is not None  # a 1m retry waits

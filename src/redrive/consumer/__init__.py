@@ -1,4 +1,4 @@
-"""The consumer library: one policy model, four strategies."""
+"""The consumer library: one policy model, five strategies as values."""
 
 from redrive.consumer.app import (
     App,
@@ -10,16 +10,22 @@ from redrive.consumer.breaker import Breaker, BreakerState
 from redrive.consumer.errors import BatchFailed, InvalidBatchFailureError
 from redrive.consumer.handlers import AsyncHandlerError
 from redrive.consumer.message import Message
+from redrive.consumer.strategies import Blocking, Pause, RetryTopic, Service, Topics
 
 __all__ = [
     "App",
     "AsyncHandlerError",
     "BatchFailed",
+    "Blocking",
     "Breaker",
     "BreakerState",
     "DeserializationError",
     "InvalidBatchFailureError",
     "Message",
+    "Pause",
+    "RetryTopic",
+    "Service",
+    "Topics",
     "UnprocessableRecordError",
     "UnreadableHeadersError",
 ]

@@ -66,7 +66,15 @@ from redrive.consumer.pauses import PauseBook
 from redrive.consumer.publisher import Publisher
 from redrive.consumer.records import DeadLetterHook, Records, RetryHook
 from redrive.consumer.repeats import DEFAULT_REPEAT_WINDOW, RecentIds, checked_window
-from redrive.consumer.routes import HandlerOptions, Kind, Route, build_route
+from redrive.consumer.routes import (
+    BatchHandlerOptions,
+    HandlerOptions,
+    Kind,
+    Route,
+    build_route,
+    check_options,
+    strategy_value,
+)
 from redrive.consumer.strategies.pause import BreakerHook, Breakers
 from redrive.consumer.topics import create_derived_topics
 from redrive.consumer.transactions import Transactions, transactional_id
@@ -208,11 +216,13 @@ class App:
 
         ``policy`` is a schedule (``"5s x3, 30s x2"``, ``"[10, 60]"``,
         ``"exponential 1s x2 max 1m retries 8"``) or a :class:`redrive.policy.Policy`
-        (default ``"1s, 10s, 1m"``); ``strategy`` is ``blocking``, ``pause``, ``topics``,
-        ``retry-topic`` or ``service`` (the default). ``dead_letters`` is ``"service"``
-        (the retry service's store; the default with strategy ``service``) or
-        ``"topic"`` (``<topic>.dlq``; the default otherwise). The handler may be
-        ``async def`` (see :mod:`redrive.consumer.async_records`). See
+        (default ``"1s, 10s, 1m"``); ``strategy`` is a value carrying its own options,
+        ``Blocking()``, ``Pause(breaker=...)``, ``Topics(ordering="key")``,
+        ``RetryTopic()`` or ``Service(per_group_topic=True)`` (the default
+        ``Service()``), or its name for the default value (``"pause"``).
+        ``dead_letters`` is ``"service"`` (the retry service's store; the default with
+        ``Service``) or ``"topic"`` (``<topic>.dlq``; the default otherwise). The
+        handler may be ``async def`` (see :mod:`redrive.consumer.async_records`). See
         :class:`HandlerOptions` for the rest.
         """
 
@@ -226,16 +236,13 @@ class App:
         self, topic: str, fn: Callable[[Message], Any], **options: Unpack[HandlerOptions]
     ) -> None:
         """The same as :meth:`handler`, without the decorator."""
-        unknown = sorted(set(options) - set(HandlerOptions.__annotations__))
-        if unknown:
-            raise TypeError(f"unknown handler option(s) {unknown}; see HandlerOptions")
         check_handler(topic, fn)
         if topic in self._reads:
             raise ConfigError(f"handler for {topic!r}", "registered twice")
         route = build_route(topic, fn, self.group, options, DEFAULT_POLICY)
         if route.lines_in_tiers:
             settings = {**self.kafka, **self.consumer_kafka}
-            check_key_lines(route.topic, route.strategy, self.transactional, settings)
+            check_key_lines(route.topic, route.strategy.name, self.transactional, settings)
         for name, kind in route.topics().items():
             if name in self._reads:
                 raise ConfigError(f"handler for {topic!r}", f"topic {name!r} is already read")
@@ -248,7 +255,7 @@ class App:
         *,
         max_records: int = DEFAULT_MAX_RECORDS,
         max_wait: float | str = DEFAULT_MAX_WAIT_S,
-        **options: Unpack[HandlerOptions],
+        **options: Unpack[BatchHandlerOptions],
     ) -> Callable[[Handler], Handler]:
         """Decorator: handle records of ``topic`` in batches, a list of Messages a call.
 
@@ -257,7 +264,7 @@ class App:
         (0: a batch is what one poll returned). Raise :class:`redrive.BatchFailed`
         naming the failed records to retry or dead-letter only those; any other
         exception fails every record of the batch, each by its own policy. Strategies
-        ``topics``, ``retry-topic`` and ``service`` only (not those retrying in place).
+        ``Topics``, ``RetryTopic`` and ``Service`` only (not those retrying in place).
         The other options are :meth:`handler`'s; see :mod:`redrive.consumer.batches`.
         """
 
@@ -274,12 +281,13 @@ class App:
         *,
         max_records: int = DEFAULT_MAX_RECORDS,
         max_wait: float | str = DEFAULT_MAX_WAIT_S,
-        **options: Unpack[HandlerOptions],
+        **options: Unpack[BatchHandlerOptions],
     ) -> None:
         """The same as :meth:`batch_handler`, without the decorator."""
-        # "service" is build_route's default strategy.
-        settings = batch_settings(topic, options.get("strategy", "service"), max_records, max_wait)
-        if options.get("ordering") is not None:
+        check_options(options)
+        strategy = strategy_value(topic, options.get("strategy", "service"))
+        settings = batch_settings(topic, strategy, max_records, max_wait)
+        if strategy.ordering is not None:
             raise ConfigError(
                 f"ordering for batch handler {topic!r}",
                 "batch handlers do not keep key order through retries yet",

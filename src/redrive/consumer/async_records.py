@@ -200,7 +200,7 @@ class AsyncRecords:
             return None
         message: Message | None = None
         lane: LaneKey | None
-        if route.plan.in_place:
+        if route.strategy.in_place:
             # Read when its turn comes: a record before it may yet seek the partition
             # back, and then this one is fetched again, not dead-lettered twice.
             lane = tp
@@ -454,7 +454,7 @@ class AsyncRecords:
         self.pauses.wait(tp, offset, wait.until_ms)
         if wait.all_partitions:
             for lane, queued in self._lanes.items():
-                if queued and lane != tp and queued[0].route.plan.in_place:
+                if queued and lane != tp and queued[0].route.strategy.in_place:
                     first = queued[0]
                     queued.clear()
                     self.in_flight.drop_from(_partition(first), first.offset)

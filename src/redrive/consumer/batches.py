@@ -24,7 +24,7 @@ stop hands the pending batches to their handlers first (``loop.flush_batches``).
 names the records that failed, each with its error; the others are handled. Any
 other exception fails every record of the batch with it. Each failed record goes
 through :meth:`redrive.consumer.records.Records.failed`: the failure router
-(``route.router``) and the strategy (``route.plan``) of a single failed record, so
+(``route.router``) and the strategy (``route.strategy``) of a single failed record, so
 its retry or dead letter is the one a single-record handler raising that error would
 have made, byte for byte but for the error's stack trace (which says where it was
 raised). A BatchFailed that does not make sense (:func:`failures_of`)
@@ -57,7 +57,7 @@ from redrive.consumer.message import Message
 from redrive.consumer.offsets import Partition
 from redrive.consumer.records import Records, safe_repr
 from redrive.consumer.routes import Route
-from redrive.consumer.strategies import BY_NAME, Wait
+from redrive.consumer.strategies import BY_NAME, RetryStrategy, Wait
 from redrive.durations import to_ms
 from redrive.errors import ConfigError
 from redrive.policy import PolicyError
@@ -80,19 +80,18 @@ class BatchSettings:
 
 
 def batch_settings(
-    topic: str, strategy: object, max_records: object, max_wait: object
+    topic: str, strategy: RetryStrategy, max_records: object, max_wait: object
 ) -> BatchSettings:
-    """The settings of ``@app.batch_handler(topic, ...)``; ConfigError for a bad one.
+    """The settings of ``@app.batch_handler(topic, ...)``; ConfigError for a bad one
+    (mypy refuses a strategy retrying in place already; this is for untyped callers).
 
-    ``max_wait`` is seconds (int or float) or a duration (``"250ms"``, ``"2s"``). A
-    strategy that is no strategy at all is left to :func:`redrive.consumer.routes.
-    build_route` to refuse, with the list of strategies."""
-    if strategy in BY_NAME and strategy not in BATCH_STRATEGIES:
+    ``max_wait`` is seconds (int or float) or a duration (``"250ms"``, ``"2s"``)."""
+    if strategy.in_place:
         raise ConfigError(
             f"strategy for batch handler {topic!r}",
-            f"batch handlers do not support {strategy!r} yet: it retries in place, and "
-            "a failed record of a batch would hold back, and hand again, every later "
-            "record of its partition in the batch",
+            f"batch handlers do not support {strategy.name!r} yet: it retries in place, "
+            "and a failed record of a batch would hold back, and hand again, every "
+            "later record of its partition in the batch",
             f"use strategy {' or '.join(repr(s) for s in BATCH_STRATEGIES)}, or a "
             "single-record handler (@app.handler)",
         )

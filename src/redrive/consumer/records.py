@@ -5,7 +5,7 @@ None once the record is dealt with (handled; its retry handed to Kafka; or
 dead-lettered), or a :class:`Wait` for a record to handle again at the same offset
 later (a retry in place, a tier record not due yet). What a failure becomes is the
 failure router's decision (``route.router``, :mod:`redrive.router`); where the retry
-goes and how it waits, the strategy's (``route.plan``).
+goes and how it waits, the strategy's (``route.strategy``).
 
 No record stops the loop: a record whose headers cannot be read, or whose value does
 not deserialize, is a dead letter with its raw key and value; any other exception of
@@ -238,7 +238,7 @@ class Records:
                 self.keys.release(route, delivery, record.key())
             return None
         if delivery is not None and kind != "source":  # a tier record may not be due yet
-            wait = route.plan.hold(route, topic, partition, offset, delivery)
+            wait = route.strategy.hold(route, topic, partition, offset, delivery)
             if wait is not None:
                 return wait
         state = self.in_place.get((topic, partition)) if self.in_place else None
@@ -329,11 +329,10 @@ class Records:
             message.retry,
             message.attempt,
         )
-        plan = route.plan
         outcome = route.router.route(
             failure,
             error,
-            retry_to=plan.retry_to(route, failure, self.requests_topic),
+            retry_to=route.strategy.retry_to(route, failure, self.requests_topic),
             dead_letters=self._dead_letter_topic(route),
             home=route.topic,
             first_failure_ms=state.first_failure_ms if state else None,
@@ -389,7 +388,7 @@ class Records:
             if ordered:
                 self.keys.hold(route, request, failure.key, outcome.target.topic)
             self.remember_handed_off(failure.delivery, done=False)
-        wait = route.plan.wait(outcome.decision)
+        wait = route.strategy.wait(outcome.decision)
         self.metrics.records.labels(route.topic, "retried").inc()
         self._hook(self.on_retry, message, outcome.decision, error)
         if wait is not None:

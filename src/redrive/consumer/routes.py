@@ -11,64 +11,79 @@ Derived topic names follow the contract (the header contract's topic names):
 - `<group>.<topic>.held`: with ``ordering="key"``, the keys waiting in the retry
   service (compacted; :mod:`redrive.consumer.held_keys`).
 
-What the strategy named by a route does is its :class:`RetryStrategy` object
-(``route.plan``, one module each in :mod:`redrive.consumer.strategies`); how its
-failures are decided, its :class:`redrive.router.Router` (``route.router``).
+What a route's strategy does, with the options it carries, is its
+:class:`RetryStrategy` value (``route.strategy``, one module each in
+:mod:`redrive.consumer.strategies`); how its failures are decided, its
+:class:`redrive.router.Router` (``route.router``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypedDict
+from typing import Any, cast
 
 from redrive.consumer.breaker import Breaker
 from redrive.consumer.handlers import is_async_callable
-from redrive.consumer.strategies import BY_NAME, DeadLetterTarget, Kind, RetryStrategy
+from redrive.consumer.strategies import (
+    BY_NAME,
+    BatchStrategy,
+    DeadLetterTarget,
+    Kind,
+    Ordering,
+    RetryStrategy,
+    Strategy,
+    StrategyName,
+)
 from redrive.errors import ConfigError
-from redrive.policy import Policy, PolicyError, policy
+from redrive.policy import Policy, PolicyError, PolicyOptions, policy
 from redrive.router import Router
 from redrive.topic_names import dead_letter_topic, held_keys_topic, per_group_retry_topic
 
-Strategy = Literal["blocking", "pause", "topics", "retry-topic", "service"]
-STRATEGIES: tuple[Strategy, ...] = ("blocking", "pause", "topics", "retry-topic", "service")
+STRATEGIES: tuple[StrategyName, ...] = ("blocking", "pause", "topics", "retry-topic", "service")
 __all__ = [
     "STRATEGIES",
+    "BatchHandlerOptions",
     "DeadLetterTarget",
     "HandlerOptions",
     "Kind",
     "Route",
     "Strategy",
     "build_route",
+    "strategy_value",
 ]
 
 
-class HandlerOptions(TypedDict, total=False):
-    """Options of :meth:`App.handler` and :meth:`App.add_handler`."""
+class RouteOptions(PolicyOptions, total=False):
+    """What every handler takes: the policy's options (:class:`PolicyOptions`, as
+    :func:`redrive.policy` and the Spark pipeline take them), and the rest."""
 
     policy: Any
     """A schedule string, a list of delays, or a Policy (default ``"1s, 10s, 1m"``)."""
-    strategy: Strategy
-    retry_on: type[BaseException] | Iterable[type[BaseException]]
-    fatal_on: type[BaseException] | Iterable[type[BaseException]]
-    retryable: Callable[[BaseException], bool | None] | None
-    max_attempts: int | None
-    max_duration: str | float | None
-    deadline_from: Literal["first-failure", "record-timestamp"]
-    """Where ``max_duration`` is measured from: the first failure (the default), or the
-    original record's timestamp (seed 000's "maximum retry duration")."""
     value_deserializer: Callable[[bytes], Any] | None
     dead_letters: DeadLetterTarget | None
-    per_group_topic: bool
-    ordering: Literal["key"] | None
-    """``"key"``: while a record waits for its retry, the later records of its key wait
-    behind it, and are handled in order once it is done with (strategy ``service``, see
-    :mod:`redrive.consumer.held_keys`; ``topics`` and ``retry-topic`` with
-    ``transactional=True``, see :mod:`redrive.consumer.key_lines`). None (the
-    default): a key's later records may overtake a record waiting for its retry."""
-    breaker: Breaker | None
-    """The ``pause`` strategy's circuit breaker (default: ``Breaker()``; see
-    :class:`redrive.consumer.breaker.Breaker`); other strategies have none."""
+
+
+class HandlerOptions(RouteOptions, total=False):
+    """Options of :meth:`App.handler` and :meth:`App.add_handler`."""
+
+    strategy: Strategy
+    """A strategy value (``Service(ordering="key")``, ``Pause(breaker=...)``...) or its
+    shorthand (``"service"``: ``Service()``); default ``Service()``."""
+
+
+class BatchHandlerOptions(RouteOptions, total=False):
+    """Options of :meth:`App.batch_handler`: no strategy retrying in place."""
+
+    strategy: BatchStrategy
+
+
+MOVED: Mapping[str, str] = {
+    "breaker": "strategy=Pause(breaker=...)",
+    "per_group_topic": "strategy=Service(per_group_topic=True)",
+    "ordering": 'strategy=Service(ordering="key") (or Topics, RetryTopic)',
+}
+"""Handler options that became options of the one strategy they mean something to."""
 
 
 @dataclass
@@ -76,40 +91,40 @@ class Route:
     topic: str
     handler: Callable[..., Any]
     policy: Policy
-    strategy: Strategy
+    strategy: RetryStrategy
+    """What the strategy does, with its options."""
     group: str
     value_deserializer: Callable[[bytes], Any] | None = None
     dead_letters: DeadLetterTarget = "topic"
-    per_group_topic: bool = False
     tiers: dict[int, str] = field(default_factory=dict)
     """Nominal delay (ms) -> tier topic, for the `topics` strategy."""
-    breaker: Breaker | None = None
-    """The circuit breaker's settings (the `pause` strategy)."""
     is_async: bool = False
     """The handler is ``async def``: the App awaits it on its event loop."""
-    ordering: Literal["key"] | None = None
-    """``"key"``: a key's records are handled in order through retries (see HandlerOptions)."""
-    plan: RetryStrategy = field(init=False, repr=False, compare=False)
-    """What the strategy does (the object behind the name ``strategy``)."""
     router: Router = field(init=False, repr=False, compare=False)
     """Decides this route's failures with its policy, for its group."""
 
     def __post_init__(self) -> None:
-        plan = BY_NAME.get(self.strategy)
-        if plan is None:
-            raise ConfigError(
-                f"strategy for {self.topic!r}",
-                f"{self.strategy!r} is not a strategy",
-                f"use one of {', '.join(BY_NAME)}",
-            )
-        self.plan = plan
         self.router = Router(self.policy, self.group)
-        plan.prepare(self)
+        self.strategy.prepare(self)
+
+    @property
+    def ordering(self) -> Ordering:
+        """``"key"``: a key's records are handled in order through retries."""
+        return self.strategy.ordering
+
+    @property
+    def per_group_topic(self) -> bool:
+        return self.strategy.per_group_topic
+
+    @property
+    def breaker(self) -> Breaker | None:
+        """The circuit breaker's settings (the `pause` strategy)."""
+        return self.strategy.breaker
 
     @property
     def lines_in_tiers(self) -> bool:
         """Key order kept in the tier topics (:mod:`redrive.consumer.key_lines`)."""
-        return self.ordering is not None and self.plan.key_order == "tiers"
+        return self.ordering is not None and self.strategy.key_order == "tiers"
 
     @property
     def held_topic(self) -> str:
@@ -144,7 +159,7 @@ class Route:
 
     def topics(self) -> dict[str, Kind]:
         """Every topic this route reads, and what it is to the route."""
-        return {self.topic: "source", **self.plan.topics(self)}
+        return {self.topic: "source", **self.strategy.topics(self)}
 
     def topics_to_create(self) -> list[str]:
         """Derived topics that must exist (created with the source's partition count)."""
@@ -164,44 +179,20 @@ def build_route(
     default_policy: str,
 ) -> Route:
     """The route of ``@app.handler(topic, **options)``; ConfigError for a bad setting."""
-    strategy = options.get("strategy", "service")
-    per_group_topic = options.get("per_group_topic", False)
+    check_options(options)
+    strategy = strategy_value(topic, options.get("strategy", "service"))
+    given = cast(
+        PolicyOptions,
+        {
+            name: value
+            for name, value in options.items()
+            if name in PolicyOptions.__optional_keys__ and value not in (None, ())
+        },
+    )
     try:
-        chosen = _policy(
-            options.get("policy", default_policy),
-            retry_on=options.get("retry_on", ()),
-            fatal_on=options.get("fatal_on", ()),
-            retryable=options.get("retryable"),
-            max_attempts=options.get("max_attempts"),
-            max_duration=options.get("max_duration"),
-            deadline_from=options.get("deadline_from"),
-        )
+        chosen = policy(options.get("policy", default_policy), **given)
     except PolicyError as exc:
         raise ConfigError(f"policy for {topic!r}", str(exc)) from None
-    plan = BY_NAME.get(strategy)
-    if per_group_topic and plan is not None and not plan.per_group_topic:
-        raise ConfigError(
-            f"per_group_topic for {topic!r}",
-            "only the service strategy delivers to a per-group topic",
-        )
-    default_target = plan.default_dead_letters if plan is not None else "topic"
-    breaker = options.get("breaker")
-    if breaker is not None and not isinstance(breaker, Breaker):
-        raise ConfigError(
-            f"breaker for {topic!r}",
-            f"{breaker!r} is not a Breaker",
-            'use breaker=Breaker(failures=5, window="30s", open_for="5s")',
-        )
-    if breaker is not None and plan is not None and plan.default_breaker is None:
-        raise ConfigError(
-            f"breaker for {topic!r}",
-            f"the {strategy} strategy has no circuit breaker",
-            "use strategy='pause', or drop breaker=",
-        )
-    if breaker is None and plan is not None:
-        breaker = plan.default_breaker
-    ordering = options.get("ordering")
-    _check_ordering(topic, ordering, strategy, plan, per_group_topic)
     return Route(
         topic,
         fn,
@@ -209,44 +200,33 @@ def build_route(
         strategy,
         group,
         options.get("value_deserializer"),
-        options.get("dead_letters") or default_target,
-        per_group_topic,
-        breaker=breaker,
+        options.get("dead_letters") or strategy.default_dead_letters,
         is_async=is_async_callable(fn),
-        ordering=ordering,
     )
 
 
-def _check_ordering(
-    topic: str,
-    ordering: object,
-    strategy: str,
-    plan: RetryStrategy | None,
-    per_group_topic: bool,
-) -> None:
-    """``ordering="key"`` needs a strategy that keeps each held key's line (the retry
-    service, or the tier topics), and the retries back on the partition whose held
-    keys the App keeps."""
-    setting = f"ordering for {topic!r}"
-    if ordering is None:
-        return
-    if ordering != "key":
-        raise ConfigError(setting, f"{ordering!r} is not an ordering", 'use "key", or leave it out')
-    if plan is not None and plan.key_order is None:
-        raise ConfigError(
-            setting,
-            f"the {strategy} strategy does not keep key order through retries",
-            'use strategy="service", "topics" or "retry-topic"; '
-            'strategy="blocking" keeps the whole partition\'s order',
-        )
-    if per_group_topic:
-        raise ConfigError(
-            setting,
-            "key order needs the retries delivered back to their own partition",
-            "drop per_group_topic=True",
-        )
+def check_options(options: Mapping[str, object]) -> None:
+    """For callers mypy does not check: an option moved into a strategy value is a
+    ConfigError saying where it went, any other unknown one a TypeError."""
+    for name in options:
+        if name in MOVED:
+            raise ConfigError(
+                name, "is an option of the strategy it belongs to", f"use {MOVED[name]}"
+            )
+    known = HandlerOptions.__optional_keys__
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise TypeError(f"unknown handler option(s) {unknown}; see HandlerOptions")
 
 
-def _policy(spec: Any, **options: Any) -> Policy:
-    options = {k: v for k, v in options.items() if v not in (None, ())}
-    return policy(spec, **options)
+def strategy_value(topic: str, spec: object) -> RetryStrategy:
+    """The strategy a handler names: a value as given, a shorthand with its defaults."""
+    if isinstance(spec, RetryStrategy):
+        return spec
+    if isinstance(spec, str) and spec in BY_NAME:
+        return BY_NAME[spec]()
+    raise ConfigError(
+        f"strategy for {topic!r}",
+        f"{spec!r} is not a strategy",
+        f'use one of {", ".join(BY_NAME)}, or a value such as Service(ordering="key")',
+    )

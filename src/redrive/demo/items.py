@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from fastapi import FastAPI, HTTPException
 
-from redrive import App, Message
+from redrive import App, Message, Service
 from redrive.demo.store import CREATE_TOPIC, UPDATE_TOPIC, ItemNotFound, ItemStore
 
 __all__ = [
@@ -65,8 +65,7 @@ def build_app(
     @app.handler(
         CREATE_TOPIC,
         policy="1s x3",
-        strategy="service",
-        per_group_topic=True,
+        strategy=Service(per_group_topic=True),
         value_deserializer=json.loads,
     )
     def create_item(message: Message) -> None:
@@ -77,8 +76,7 @@ def build_app(
     @app.handler(
         UPDATE_TOPIC,
         policy=UPDATE_POLICY,
-        strategy="service",
-        per_group_topic=True,
+        strategy=Service(per_group_topic=True),
         retry_on=[ItemNotFound],
         value_deserializer=json.loads,
     )

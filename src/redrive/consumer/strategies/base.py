@@ -12,8 +12,8 @@ router's decision (:mod:`redrive.router`). A strategy says only the rest:
   record in place), and how the loop waits for a retry in place
   (:meth:`RetryStrategy.wait`).
 
-A new strategy is a subclass in a module of its own, registered by name in
-:data:`redrive.consumer.strategies.BY_NAME`.
+A new strategy is a subclass in a module of its own (a frozen dataclass of its own
+options), registered by name in :data:`redrive.consumer.strategies.BY_NAME`.
 """
 
 from __future__ import annotations
@@ -23,15 +23,19 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal, Protocol, TypeAlias
 
 from redrive.consumer.breaker import Breaker
+from redrive.errors import ConfigError
 from redrive.headers import RetryHeaders
 from redrive.policy import Policy, Retry
 from redrive.router import FailedRecord, RetryTarget
 
 DeadLetterTarget: TypeAlias = Literal["topic", "service"]
 Kind: TypeAlias = Literal["source", "tier", "redelivery"]
+"""What a topic a route reads is to it: its own, a retry tier, or a per-group topic."""
 KeyOrder: TypeAlias = Literal["service", "tiers"]
 """Where a strategy keeps the line of a key held by ``ordering="key"``."""
-"""What a topic a route reads is to it: its own, a retry tier, or a per-group topic."""
+Ordering: TypeAlias = Literal["key"] | None
+"""``"key"``: a key's records are handled in order through retries; None: a key's
+later records may overtake a record waiting for its retry."""
 
 
 class Route(Protocol):
@@ -40,7 +44,6 @@ class Route(Protocol):
     topic: str
     group: str
     policy: Policy
-    per_group_topic: bool
     tiers: dict[int, str]
 
     @property
@@ -67,14 +70,17 @@ class Wait:
 
 
 class RetryStrategy(ABC):
-    """How the waiting for a retry happens (see the module)."""
+    """How the waiting for a retry happens (see the module).
+
+    A strategy is a value: each subclass is a frozen dataclass carrying only the
+    options that mean something to it, so that ``Blocking(ordering="key")`` or
+    ``Topics(breaker=...)`` cannot be written. The options other strategies do not
+    have read as their neutral value here."""
 
     name: ClassVar[str]
-    """What ``@app.handler(topic, strategy=...)`` calls it."""
+    """The shorthand ``@app.handler(topic, strategy=...)`` takes for the default value."""
     default_dead_letters: ClassVar[DeadLetterTarget] = "topic"
     """Where dead letters go unless the handler says (``dead_letters=``)."""
-    per_group_topic: ClassVar[bool] = False
-    """Whether retries can come back on ``<group>.<topic>.retry`` (``per_group_topic=``)."""
     in_place: ClassVar[bool] = False
     """Whether a failed record is retried in place, its partition waiting: order is
     kept per partition, so an async handler takes one record of a partition at a time
@@ -83,9 +89,21 @@ class RetryStrategy(ABC):
     """Where each held key's line is kept with ``ordering="key"``: in the retry
     service (:mod:`redrive.service.store.key_queues`) or in the tier topics
     (:mod:`redrive.consumer.key_lines`); None: the strategy does not keep key order."""
-    default_breaker: ClassVar[Breaker | None] = None
-    """The circuit breaker of a handler that names none (``breaker=``); None: the
-    strategy has no breaker, and refuses one."""
+
+    @property
+    def ordering(self) -> Ordering:
+        """``"key"``: a key's later records wait behind its record waiting for a retry."""
+        return None
+
+    @property
+    def per_group_topic(self) -> bool:
+        """Retries come back on ``<group>.<topic>.retry`` rather than ``<topic>``."""
+        return False
+
+    @property
+    def breaker(self) -> Breaker | None:
+        """The circuit breaker's settings; None: the strategy has none."""
+        return None
 
     def prepare(self, route: Route) -> None:  # noqa: B027 - most strategies derive nothing
         """Derive what the strategy needs from a route being registered (raise
@@ -111,3 +129,11 @@ class RetryStrategy(ABC):
     def wait(self, retry: Retry) -> Wait | None:
         """How the loop waits for a retry in place (None for a retry handed off)."""
         return None
+
+
+def check_ordering(strategy: str, ordering: object) -> None:
+    """A ConfigError unless ``ordering`` is one (for callers mypy does not check)."""
+    if ordering not in (None, "key"):
+        raise ConfigError(
+            f"{strategy}(ordering=...)", f"{ordering!r} is not an ordering", 'use "key", or None'
+        )

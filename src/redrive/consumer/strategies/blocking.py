@@ -7,12 +7,18 @@ duplicates). Nothing is written until the policy gives up.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from redrive.consumer.strategies.base import RetryStrategy, Route, Wait
 from redrive.policy import Retry
 from redrive.router import FailedRecord, RetryTarget
 
 
+@dataclass(frozen=True)
 class Blocking(RetryStrategy):
+    """Retried in place, the partition paused until the retry is due (no options:
+    the whole partition's order is kept)."""
+
     name = "blocking"
     in_place = True
 

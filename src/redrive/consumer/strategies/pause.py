@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import structlog
 
@@ -32,6 +33,7 @@ from redrive.clock import Clock, now_ms
 from redrive.consumer.breaker import Breaker, BreakerMachine, BreakerState, Transition
 from redrive.consumer.metrics import ConsumerMetrics
 from redrive.consumer.strategies.base import RetryStrategy, Route, Wait
+from redrive.errors import ConfigError
 from redrive.policy import Retry
 from redrive.reasons import DeadLetterReason
 from redrive.router import DeadLettered, FailedRecord, Retried, RetryTarget
@@ -46,10 +48,23 @@ DEFAULT_BREAKER = Breaker()
 then 10 s, 20 s... at most 5 m while its probes fail."""
 
 
+@dataclass(frozen=True)
 class Pause(RetryStrategy):
+    """Retried in place, the partition paused until the retry is due, and every
+    partition while ``breaker`` is open (default: :data:`DEFAULT_BREAKER`)."""
+
     name = "pause"
     in_place = True
-    default_breaker = DEFAULT_BREAKER
+
+    breaker: Breaker = DEFAULT_BREAKER
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.breaker, Breaker):
+            raise ConfigError(
+                "Pause(breaker=...)",
+                f"{self.breaker!r} is not a Breaker",
+                'use Pause(breaker=Breaker(failures=5, window="30s", open_for="5s"))',
+            )
 
     def retry_to(
         self, route: Route, record: FailedRecord, requests_topic: str

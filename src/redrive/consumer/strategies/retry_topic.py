@@ -26,6 +26,7 @@ allows (forged or corrupt) is handled at once rather than holding its partition.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import ClassVar
 
 from redrive.consumer.strategies.base import Route
@@ -34,7 +35,11 @@ from redrive.policy import Policy
 from redrive.topic_names import single_retry_topic
 
 
+@dataclass(frozen=True)
 class RetryTopic(Topics):
+    """Through one retry topic per topic and consumer group (seed 000);
+    ``ordering="key"`` as :class:`Topics`'s."""
+
     name = "retry-topic"
     tier_pattern: ClassVar[str] = "<group>.<topic>.retry.all"
 

@@ -13,12 +13,20 @@ corrupt ``redrive-retry-at``) would hold the partition for ever: it is handled n
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import ClassVar
 
 import structlog
 
 from redrive.clock import now_ms
-from redrive.consumer.strategies.base import Kind, RetryStrategy, Route, Wait
+from redrive.consumer.strategies.base import (
+    Kind,
+    Ordering,
+    RetryStrategy,
+    Route,
+    Wait,
+    check_ordering,
+)
 from redrive.errors import ConfigError
 from redrive.headers import MAX_TOPIC_LENGTH, RetryHeaders, is_topic_name
 from redrive.policy import Policy, format_duration
@@ -34,9 +42,19 @@ for: room for clocks of app instances that disagree. Anything later is forged or
 corrupt, and is handled at once rather than holding its partition for ever."""
 
 
+@dataclass(frozen=True)
 class Topics(RetryStrategy):
+    """Through retry topics, one per delay and consumer group. ``ordering="key"``: a
+    key's later records wait behind its record waiting in a tier (see
+    :mod:`redrive.consumer.key_lines`; the App must be transactional)."""
+
     name = "topics"
     key_order = "tiers"
+
+    ordering: Ordering = None
+
+    def __post_init__(self) -> None:
+        check_ordering(type(self).__name__, self.ordering)
 
     tier_pattern: ClassVar[str] = "<group>.<topic>.retry.<delay>"
     """How a tier's name is made, for the error about a group that cannot make one."""
