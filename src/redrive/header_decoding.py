@@ -185,6 +185,8 @@ _FAST_RULES: Final[dict[str, _Rule]] = {
     ID: _rule(ID, _ID),
     # An attempt of 0 (a record behind its key's head) takes the careful path.
     ORDER: _rule(ORDER, _ORDER),
+    # No REASON_CODE: it is valid only beside redrive-send-to: dlq, which one header's
+    # rule cannot see. A dead letter (rare) takes the careful path, which checks both.
 }
 _TOPIC_BYTES: Final = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-"
 """The characters of header_fields._TOPIC_RE: bytes made only of them strip to nothing."""

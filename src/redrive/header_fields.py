@@ -23,6 +23,10 @@ SendTo: TypeAlias = Literal["retry", "dlq"]
 Order: TypeAlias = Literal["key", "behind", "release"]
 """``redrive-order``: what a request is to its key's queue (see :class:`RetryHeaders`)."""
 ORDERS: Final[tuple[Order, ...]] = ("key", "behind", "release")
+GiveUp: TypeAlias = Literal["fatal_error", "attempts_exhausted", "deadline_passed"]
+GIVE_UPS: Final[tuple[GiveUp, ...]] = ("fatal_error", "attempts_exhausted", "deadline_passed")
+"""Why a consumer's policy gave up, as ``redrive-reason-code`` says it: the reason
+codes of :class:`redrive.reasons.DeadLetterReason` a policy decides."""
 
 REDRIVE_PREFIX: Final = "redrive-"
 
@@ -41,6 +45,7 @@ ERROR_TYPE: Final = "redrive-error-type"
 ERROR_MESSAGE: Final = "redrive-error-message"
 ERROR_TRACE: Final = "redrive-error-trace"
 REASON: Final = "redrive-reason"
+REASON_CODE: Final = "redrive-reason-code"
 ID: Final = "redrive-id"
 ORDER: Final = "redrive-order"
 DEAD_LETTER_REASON: Final = "redrive-dead-letter-reason"
@@ -64,6 +69,7 @@ FIELD_OF: Final[dict[str, str]] = {
     ERROR_MESSAGE: "error_message",
     ERROR_TRACE: "error_trace",
     REASON: "reason",
+    REASON_CODE: "reason_code",
     ID: "id",
     ORDER: "order",
 }
@@ -284,6 +290,10 @@ class RetryHeaders(FailureHistory):
     (its original offset and attempt), the next of the queue may go. The queue is
     the group's, original topic's and partition's, and the record key's. None: no
     order kept (the record's key may be overtaken)."""
+    reason_code: GiveUp | None = None
+    """Why the consumer gave up, for machines (with ``send_to="dlq"`` only): a fatal
+    error, its attempts or its deadline spent. The retry service stores it as the
+    dead letter's reason code; None (a sender that writes none): ``sent_to_dlq``."""
 
     def __post_init__(self) -> None:
         # decode() skips these checks for what it has read (see _FAST_RULES in
@@ -299,6 +309,14 @@ class RetryHeaders(FailureHistory):
         _check_int(ATTEMPT, self.attempt, 0 if unfailed else 1, MAX_INT32)
         if self.send_to not in ("retry", "dlq"):
             raise HeaderError(SEND_TO, f"must be 'retry' or 'dlq', got {show_value(self.send_to)}")
+        if self.reason_code is not None:
+            if self.reason_code not in GIVE_UPS:
+                raise HeaderError(
+                    REASON_CODE,
+                    f"must be one of {', '.join(GIVE_UPS)}, got {show_value(self.reason_code)}",
+                )
+            if self.send_to != "dlq":
+                raise HeaderError(REASON_CODE, "is for a dead letter (redrive-send-to: dlq)")
         for header, value, maximum in (
             (PARTITION, self.partition, MAX_INT32),
             (DEADLINE, self.deadline, MAX_INT64),

@@ -41,6 +41,7 @@ from redrive.header_fields import ERROR_MESSAGE as ERROR_MESSAGE
 from redrive.header_fields import ERROR_TRACE as ERROR_TRACE
 from redrive.header_fields import ERROR_TYPE as ERROR_TYPE
 from redrive.header_fields import FIELD_OF
+from redrive.header_fields import GIVE_UPS as GIVE_UPS
 from redrive.header_fields import GROUP as GROUP
 from redrive.header_fields import ID as ID
 from redrive.header_fields import ID_LENGTH as ID_LENGTH
@@ -58,6 +59,7 @@ from redrive.header_fields import ORIGINAL_TIMESTAMP as ORIGINAL_TIMESTAMP
 from redrive.header_fields import ORIGINAL_TOPIC as ORIGINAL_TOPIC
 from redrive.header_fields import PARTITION as PARTITION
 from redrive.header_fields import REASON as REASON
+from redrive.header_fields import REASON_CODE as REASON_CODE
 from redrive.header_fields import REDRIVE_PREFIX as REDRIVE_PREFIX
 from redrive.header_fields import REQUIRED_HEADERS as REQUIRED_HEADERS
 from redrive.header_fields import RETRY_AT as RETRY_AT
@@ -65,6 +67,7 @@ from redrive.header_fields import SEND_TO as SEND_TO
 from redrive.header_fields import TRUNCATED_PREFIX as TRUNCATED_PREFIX
 from redrive.header_fields import TRUNCATED_SUFFIX as TRUNCATED_SUFFIX
 from redrive.header_fields import FailureHistory as FailureHistory
+from redrive.header_fields import GiveUp as GiveUp
 from redrive.header_fields import Header as Header
 from redrive.header_fields import HeaderError as HeaderError
 from redrive.header_fields import Order as Order
@@ -232,6 +235,7 @@ def next_request(
     send_to: SendTo = "retry",
     attempt: int | None = None,
     reason: str | None = None,
+    reason_code: GiveUp | None = None,
 ) -> RetryHeaders:
     """The retry request a consumer writes after its handler failed on a message.
 
@@ -242,7 +246,8 @@ def next_request(
     error-* fields are replaced by ``error``. ``deadline`` and ``group`` default to the
     previous request's. ``partition`` is the destination partition (None: by key).
     ``attempt`` overrides the count when the caller knows better (a record retried in
-    place carries no previous request); ``reason`` says why a dead letter gave up.
+    place carries no previous request); ``reason`` says why a dead letter gave up,
+    ``reason_code`` the same for machines.
     """
     if isinstance(error, BaseException):
         info = describe_error(error)
@@ -268,4 +273,5 @@ def next_request(
         error_message=info.message,
         error_trace=info.trace,
         reason=reason,
+        reason_code=reason_code,
     )

@@ -16,7 +16,8 @@ from enum import StrEnum
 class DeadLetterReason(StrEnum):
     """Why a message became a dead letter; stable values, safe to store and filter on."""
 
-    # Decided by a policy (also by the service for a deadline that passed).
+    # Decided by a policy (also by the service for a deadline that passed); a
+    # consumer's dead letter says which in redrive-reason-code.
     FATAL_ERROR = "fatal_error"
     ATTEMPTS_EXHAUSTED = "attempts_exhausted"
     DEADLINE_PASSED = "deadline_passed"
@@ -31,7 +32,9 @@ class DeadLetterReason(StrEnum):
     RETRY_AT_TOO_FAR = "retry_at_too_far"
 
     SENT_TO_DLQ = "sent_to_dlq"
-    """Its consumer gave up (``redrive-send-to: dlq``); its ``redrive-reason`` says why."""
+    """Its consumer gave up (``redrive-send-to: dlq``) without saying which of the
+    policy's reasons (no ``redrive-reason-code``: a sender older than that header, or
+    another system's); its ``redrive-reason`` says why in words."""
 
     DELIVERY_FAILED = "delivery_failed"
     """The broker refused the retry's delivery for good (too large, topic gone...)."""
@@ -43,3 +46,15 @@ class DeadLetterReason(StrEnum):
     """A dead letter of another system (a Spring Kafka dead-letter topic, a Kafka
     Connect error topic, a topic of records without metadata), read from a topic the
     service ingests; its ``reason`` says which system and what its error was."""
+
+
+GIVEN_UP: frozenset[DeadLetterReason] = frozenset(
+    {
+        DeadLetterReason.FATAL_ERROR,
+        DeadLetterReason.ATTEMPTS_EXHAUSTED,
+        DeadLetterReason.DEADLINE_PASSED,
+        DeadLetterReason.SENT_TO_DLQ,
+    }
+)
+"""The codes of a dead letter a consumer (or the policy) decided: business as usual,
+unlike a request the service refused."""

@@ -135,8 +135,10 @@ def classify(
         )
     if request.send_to == "dlq":
         why = f": {request.reason}" if request.reason else ""
+        # Why its consumer gave up, if it says (redrive-reason-code): fatal or spent.
+        given = request.reason_code
         return dead(
-            DeadLetterReason.SENT_TO_DLQ,
+            DeadLetterReason(given) if given else DeadLetterReason.SENT_TO_DLQ,
             "sent to the dead letters by its consumer "
             f"(redrive-send-to: dlq) after attempt {request.attempt}{why}",
         )

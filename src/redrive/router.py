@@ -45,8 +45,10 @@ from typing import TypeAlias
 
 from redrive.clock import Clock, now_ms
 from redrive.headers import (
+    GIVE_UPS,
     MAX_INT32,
     MAX_INT64,
+    GiveUp,
     Header,
     HeaderError,
     RetryHeaders,
@@ -280,6 +282,7 @@ class Router:
                 send_to="dlq",
                 deadline=delivery.deadline if delivery is not None else None,
                 reason=dead.text,
+                reason_code=given_up(dead.reason),
                 attempt=dead.attempt,
             )
             headers = dataclasses.replace(headers, id=self._failure_id(record, headers.attempt))
@@ -291,5 +294,12 @@ class Router:
                 send_to="dlq",
                 group=self.group,
                 reason=f"{dead.text} (headers incomplete: {header_error})",
+                reason_code=given_up(dead.reason),
             )
         return DeadLettered(dead, headers, dead_letters)
+
+
+def given_up(reason: DeadLetterReason) -> GiveUp | None:
+    """A policy's reason to give up as ``redrive-reason-code`` says it (None for one it
+    cannot say: only the policy's own reasons travel in the header)."""
+    return reason.value if reason.value in GIVE_UPS else None

@@ -342,7 +342,7 @@ def test_an_in_app_strategys_dead_letter_goes_to_the_service_store_not_the_dlq_t
     (poison,) = [s for s in log.all() if s.value == b"poison"]
     assert sorted(s.value or b"" for s in log.all()) == [b"ok-1", b"ok-2", b"poison"]
     assert letter["group"] == group and letter["topic"] == topic
-    assert letter["reason_code"] == DeadLetterReason.SENT_TO_DLQ
+    assert letter["reason_code"] == DeadLetterReason.FATAL_ERROR  # not just "sent"
     assert "after attempt 1: fatal error: redrive.policy.FatalError" in letter["reason"]
     assert letter["error_type"].endswith("FatalError")
     assert "cannot ever work" in letter["error_message"]

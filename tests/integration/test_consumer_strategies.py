@@ -97,6 +97,7 @@ def dead_letter_of(strategy: str, bootstrap: str, topic: str, db: str | None) ->
             "key": bytes(letter["msg_key"]),
             "value": bytes(letter["msg_value"]),
             "reason": letter["reason"],
+            "reason_code": letter["reason_code"],
             "error_type": letter["error_type"],
             "attempt": letter["attempt"],
         }
@@ -112,6 +113,7 @@ def dead_letter_of(strategy: str, bootstrap: str, topic: str, db: str | None) ->
         "key": received[0].key,
         "value": received[0].value,
         "reason": request.reason,
+        "reason_code": request.reason_code,
         "error_type": request.error_type,
         "attempt": request.attempt,
     }
@@ -140,6 +142,7 @@ def test_always_failing_is_dead_lettered_after_exactly_the_policy_attempts(
     assert [c.attempt for c in calls.of(b"doomed")] == [1, 2, 3]
     assert letter["key"] == b"k2" and letter["value"] == b"doomed"
     assert "attempts exhausted (3 of 3)" in str(letter["reason"])
+    assert letter["reason_code"] == "attempts_exhausted"  # in the header, and as stored
     assert str(letter["error_type"]).endswith("Flaky")
     assert letter["attempt"] == 3
 
@@ -169,4 +172,5 @@ def test_a_fatal_error_goes_straight_to_the_dead_letters(
         calls.wait_for(lambda: len(calls.of(b"poison")) > 1, 1.5)
     assert len(calls.of(b"poison")) == 1
     assert "fatal error" in str(letter["reason"])
+    assert letter["reason_code"] == "fatal_error"
     assert letter["attempt"] == 1

@@ -37,7 +37,7 @@ from redrive.policy import policy
 from redrive.router import SourceRecord
 from redrive.spark.batches import handle_batch
 from redrive.spark.output import to_arrow
-from redrive.spark.pipeline import start_pipeline
+from redrive.spark.pipeline import REQUIRED_COLUMNS, _record_handler, start_pipeline
 from redrive.spark.routing import RecordHandler, Routing
 from redrive.spark.scheduler import build_scheduler_query
 from redrive.spark.session import spark_session, stop_with_jvm
@@ -236,7 +236,7 @@ def dead_letter_values(database_url: str) -> list[int]:
     return sorted(int(row["msg_value"]) for row in dead_letters(database_url))
 
 
-def test_with_the_retry_service_and_a_per_group_retry_topic(
+def test_with_the_retry_service_and_a_per_group_topic(
     spark: Any, bootstrap: str, database_url: str, tmp_path: Any
 ) -> None:
     source, output, group = unique("payments"), unique("payments-out"), "ledger"
@@ -276,7 +276,7 @@ def test_with_the_retry_service_and_a_per_group_retry_topic(
             output_topic=output,
             group=group,
             requests_topic=settings.requests_topic,
-            per_group_retry_topic=True,
+            per_group_topic=True,
             checkpoint=str(tmp_path / "pipeline"),
             trigger_interval="500 milliseconds",
         )
@@ -302,7 +302,7 @@ def test_with_the_retry_service_and_a_per_group_retry_topic(
     # Dead letters are in the retry service's store, with their error.
     assert sorted(int(row["msg_value"]) for row in letters) == sorted(fatal)
     for row in letters:
-        assert row["reason_code"] == "sent_to_dlq"
+        assert row["reason_code"] == "fatal_error"  # what the pipeline's policy decided
         assert row["error_type"] == "ValueError"
         assert row["error_message"] == f"bad record {int(row['msg_value'])}"
         assert row["group_id"] == group and row["original_topic"] == source
@@ -354,6 +354,54 @@ def test_record_routing_without_spark() -> None:
 
     with pytest.raises(KeyboardInterrupt):
         RecordHandler(interrupted, policy("1s x3"), routing)(record)
+
+
+def test_the_pipeline_takes_the_apps_policy_options_by_the_same_names() -> None:
+    """with_retries's options are the App handlers' (the policy's options, and
+    ``per_group_topic``): checked where the executors' handler is made, without Spark."""
+
+    class KafkaSource:  # what is checked of a DataFrame before anything runs
+        columns = REQUIRED_COLUMNS
+
+    def handle(
+        key: bytes | None, value: bytes | None, headers: list[Header], attempt: int
+    ) -> bytes:
+        return b""
+
+    made = _record_handler(
+        KafkaSource(),
+        handle,
+        "1s x*",
+        "out",
+        "billing",
+        {
+            "per_group_topic": True,
+            "max_attempts": 4,
+            "max_duration": "1h",
+            "deadline_from": "record-timestamp",
+            "fatal_on": ValueError,
+            "retry_on": None,  # unset, as before
+        },
+    )
+    assert made.routing.retry_destination("orders") == "billing.orders.retry"
+    assert made.policy == policy(
+        "1s x*",
+        max_attempts=4,
+        max_duration="1h",
+        deadline_from="record-timestamp",
+        fatal_on=ValueError,
+    )
+    with pytest.raises(TypeError, match="'per_group_retry_topic' is now 'per_group_topic'"):
+        _record_handler(
+            KafkaSource(),
+            handle,
+            "1s",
+            "out",
+            "billing",
+            {"per_group_retry_topic": True},  # type: ignore[typeddict-unknown-key]
+        )
+    with pytest.raises(TypeError, match="unknown option"):
+        _record_handler(KafkaSource(), handle, "1s", "out", "billing", {"strategy": "pause"})  # type: ignore[typeddict-unknown-key]
 
 
 def test_a_batch_is_routed_as_record_by_record() -> None:

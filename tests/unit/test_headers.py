@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 from collections.abc import Callable, Sequence
 from dataclasses import fields
@@ -22,6 +23,7 @@ from redrive.headers import (
     read_delivery_headers,
     split_headers,
 )
+from redrive.reasons import GIVEN_UP, DeadLetterReason
 
 pytestmark = pytest.mark.unit
 
@@ -49,7 +51,7 @@ plain_text = st.text(st.characters(exclude_categories=["Cs"]), min_size=1, max_s
 any_text = st.text(max_size=3000)  # surrogates included: must be made encodable
 ids = st.text("0123456789abcdef", min_size=H.ID_LENGTH, max_size=H.ID_LENGTH)
 
-retry_headers = st.builds(
+requests = st.builds(
     RetryHeaders,
     destination=topics,
     retry_at=int64,
@@ -67,6 +69,12 @@ retry_headers = st.builds(
     error_trace=st.none() | st.text(max_size=10_000),
     id=st.none() | ids,
     order=st.none() | st.sampled_from(H.ORDERS),
+)
+# A dead letter may say why its consumer gave up; a retry may not.
+retry_headers = st.tuples(requests, st.none() | st.sampled_from(H.GIVE_UPS)).map(
+    lambda made: (
+        dataclasses.replace(made[0], reason_code=made[1]) if made[0].send_to == "dlq" else made[0]
+    )
 )
 user_names = st.text(max_size=30).filter(lambda n: not n.startswith(H.REDRIVE_PREFIX))
 user_headers = st.lists(st.tuples(user_names, st.none() | st.binary(max_size=50)), max_size=8)
@@ -130,6 +138,7 @@ def test_the_contract_is_exactly_these_headers() -> None:
         "redrive-error-message",
         "redrive-error-trace",
         "redrive-reason",
+        "redrive-reason-code",
         "redrive-id",
         "redrive-order",
     )
@@ -205,6 +214,18 @@ def test_send_to_must_be_retry_or_dlq() -> None:
     reject([*REQUIRED, (H.SEND_TO, b"RETRY")], H.SEND_TO, "must be 'retry' or 'dlq'")
     decoded, _ = decode([*REQUIRED, (H.SEND_TO, b"dlq")])
     assert decoded.send_to == "dlq"
+
+
+def test_a_reason_code_says_which_of_the_policys_reasons_and_only_for_a_dead_letter() -> None:
+    dead = [*REQUIRED, (H.SEND_TO, b"dlq")]
+    for code in H.GIVE_UPS:
+        decoded, _ = decode([*dead, (H.REASON_CODE, code.encode())])
+        assert decoded.reason_code == code
+        assert DeadLetterReason(code) in GIVEN_UP  # one of the stored codes
+    reject([*dead, (H.REASON_CODE, b"sent_to_dlq")], H.REASON_CODE, "must be one of")
+    reject([*dead, (H.REASON_CODE, b"")], H.REASON_CODE, "must be one of")
+    reject([*REQUIRED, (H.REASON_CODE, b"fatal_error")], H.REASON_CODE, "is for a dead letter")
+    assert decode(dead)[0].reason_code is None
 
 
 @pytest.mark.parametrize(
@@ -367,6 +388,10 @@ _RAW_VALUES: dict[str, tuple[st.SearchStrategy[bytes], st.SearchStrategy[bytes]]
     H.PARTITION: _ints(0, H.MAX_INT32),
     H.ORIGINAL_PARTITION: _ints(0, H.MAX_INT32),
     H.ATTEMPT: _ints(1, H.MAX_INT32),
+    H.REASON_CODE: (
+        st.sampled_from([code.encode() for code in H.GIVE_UPS]),
+        st.sampled_from([b"sent_to_dlq", b"", b"FATAL_ERROR", b"fatal_error "]),
+    ),
     H.ID: (
         ids.map(str.encode),
         st.sampled_from([b"", b"0" * 31, b"0" * 33, b"F" * 32, b"0" * 31 + b"\n", b"-" * 32])

@@ -234,7 +234,7 @@ def test_an_apps_dead_letter_is_read_with_the_redrive_contract() -> None:
     assert (letter.group, letter.attempt) == ("billing", 1)
     assert letter.error_type == "redrive.policy.FatalError"
     assert letter.error_message == "bad item"
-    assert letter.reason_code == Reason.SENT_TO_DLQ
+    assert letter.reason_code == Reason.FATAL_ERROR  # its redrive-reason-code
     assert letter.reason.startswith("redrive dead letter ingested from orders-dlt[0]@42: fatal")
     assert "unreadable" not in letter.reason
     assert letter.source == "ingest:redrive"

@@ -65,6 +65,13 @@ def test_a_valid_request_becomes_a_pending_retry_keeping_everything() -> None:
     [
         ({"destination": "items"}, b"v", Reason.DESTINATION_NOT_ALLOWED, "not in the allowlist"),
         ({"send_to": "dlq"}, b"v", Reason.SENT_TO_DLQ, "redrive-send-to: dlq"),
+        (
+            {"send_to": "dlq", "reason_code": "attempts_exhausted"},
+            b"v",
+            Reason.ATTEMPTS_EXHAUSTED,
+            "redrive-send-to: dlq",
+        ),
+        ({"send_to": "dlq", "reason_code": "fatal_error"}, b"v", Reason.FATAL_ERROR, "dlq"),
         ({}, b"", Reason.EMPTY_VALUE, "empty value"),
         ({}, None, Reason.EMPTY_VALUE, "empty value"),
         ({"deadline": NOW - 1}, b"v", Reason.DEADLINE_PASSED, "deadline passed"),

@@ -211,7 +211,7 @@ class SparkEngine:
                 output_topic=OUTPUT_TOPIC,
                 group=SPARK_GROUP,
                 requests_topic=self.requests_topic,
-                per_group_retry_topic=True,
+                per_group_topic=True,
                 dead_letters="service",
                 checkpoint=str(self.checkpoint),
                 trigger_interval=TRIGGER,

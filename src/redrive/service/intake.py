@@ -42,7 +42,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from redrive.clock import now_ms
 from redrive.kafka import consume_available
 from redrive.membership import GroupConsumer, static_membership
-from redrive.reasons import DeadLetterReason
+from redrive.reasons import GIVEN_UP
 from redrive.records import DeadLetterRecord, PendingRetry, Release
 from redrive.rejoin import RejoinWatch
 from redrive.requests import Incoming, IntakeRules, classify
@@ -307,7 +307,7 @@ class Intake:
             assert letter.request is not None
             # A consumer's own dead letter is business as usual, and so is one ingested
             # from a dead-letter topic; anything else was refused.
-            sent = letter.reason_code == DeadLetterReason.SENT_TO_DLQ or ingested(letter)
+            sent = letter.reason_code in GIVEN_UP or ingested(letter)
             (log.info if sent else log.warning)(
                 "dead letter stored" if sent else "request refused",
                 topic=letter.request.topic,

@@ -24,7 +24,7 @@ spent                 (``send_to="dlq"``   ``redrive-reason``: the retry service
 ====================  ===================  ============================================
 
 A retry's destination is the record's original topic, or with
-``per_group_retry_topic=True`` the per-group topic ``<group>.<topic>.retry`` (which
+``per_group_topic=True`` the per-group topic ``<group>.<topic>.retry`` (which
 :func:`start_pipeline` then reads too), so other consumer groups of ``<topic>`` do not
 see this pipeline's retries. The retry service (``redrive serve``) or the Spark
 scheduler (:mod:`redrive.spark.scheduler`) delivers it there when due; the pipeline
@@ -51,8 +51,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from functools import partial
-from typing import Any, Final, TypedDict, Unpack
+from typing import Any, Final, Unpack, cast
 
+from redrive.policy import PolicyOptions
 from redrive.policy import policy as make_policy
 from redrive.spark.batches import handle_batch, handle_batches
 from redrive.spark.delivery import EXACTLY_ONCE, AtLeastOnce, Delivery, ExactlyOnce
@@ -77,19 +78,23 @@ __all__ = [
 REQUIRED_COLUMNS: Final = ("key", "value", "topic", "partition", "offset", "timestamp", "headers")
 
 
-class RetryOptions(TypedDict, total=False):
-    """How :func:`with_retries` (and :func:`start_pipeline`) route failures."""
+class RetryOptions(PolicyOptions, total=False):
+    """How :func:`with_retries` (and :func:`start_pipeline`) route failures: the
+    policy's options (:class:`redrive.policy.PolicyOptions`, as the App's handlers
+    take them: ``retry_on``, ``fatal_on``, ``max_attempts``, ``max_duration``...) and
+    where retries and dead letters go."""
 
     requests_topic: str
     """The retry service's requests topic (default ``redrive.requests``)."""
-    retry_on: Any
-    fatal_on: Any
-    """Exception classes, passed to the policy."""
-    per_group_retry_topic: bool
-    """Retries come back on ``<group>.<topic>.retry`` instead of the source topic."""
+    per_group_topic: bool
+    """Retries come back on ``<group>.<topic>.retry`` instead of the source topic, as
+    the App's ``Service(per_group_topic=True)``."""
     dead_letters: DeadLetterTarget
     """``"service"`` (default) or ``"topic"``."""
     dlq_topic: str | None
+
+
+RENAMED: Final = {"per_group_retry_topic": "per_group_topic"}
 
 
 def with_retries(
@@ -119,7 +124,10 @@ def _record_handler(
     df: Any, handler: Handler, policy: Any, output_topic: str, group: str, options: RetryOptions
 ) -> RecordHandler:
     """The executors' per-record step, once the DataFrame and the options are checked."""
-    unknown = sorted(set(options) - set(RetryOptions.__annotations__))
+    for old, new in RENAMED.items():
+        if old in options:
+            raise TypeError(f"option {old!r} is now {new!r}, as the App's handlers name it")
+    unknown = sorted(set(options) - RetryOptions.__optional_keys__)
     if unknown:
         raise TypeError(f"unknown option(s) {unknown}; see RetryOptions")
     missing = [c for c in REQUIRED_COLUMNS if c not in df.columns]
@@ -128,20 +136,23 @@ def _record_handler(
         if "headers" in missing:
             hint = " (read the source with .option('includeHeaders', 'true'))"
         raise ValueError(f"not a Kafka source DataFrame: no column {', '.join(missing)}{hint}")
-    classification: dict[str, Any] = {}
-    if options.get("retry_on") is not None:
-        classification["retry_on"] = options["retry_on"]
-    if options.get("fatal_on") is not None:
-        classification["fatal_on"] = options["fatal_on"]
+    given = cast(
+        PolicyOptions,
+        {
+            name: value
+            for name, value in options.items()
+            if name in PolicyOptions.__optional_keys__ and value is not None
+        },
+    )
     routing = Routing(
         output_topic=output_topic,
         group=group,
         requests_topic=options.get("requests_topic", REQUESTS_TOPIC),
-        per_group_retry_topic=options.get("per_group_retry_topic", False),
+        per_group_topic=options.get("per_group_topic", False),
         dead_letters=options.get("dead_letters", "service"),
         dlq_topic=options.get("dlq_topic"),
     )
-    return RecordHandler(handler, make_policy(policy, **classification), routing)
+    return RecordHandler(handler, make_policy(policy, **given), routing)
 
 
 def _source(df: Any) -> Any:
@@ -189,7 +200,7 @@ def start_pipeline(
 
     ``delivery`` says how outputs are written: :class:`ExactlyOnce` (the default; the
     source is then read ``read_committed``) or :class:`AtLeastOnce` (Spark's Kafka
-    sink). With ``per_group_retry_topic`` the query also reads each
+    sink). With ``per_group_topic`` the query also reads each
     ``<group>.<topic>.retry``. Topics it writes to must exist (the output topic, the
     requests topic, retry and DLQ topics): create them beforehand, as for any Kafka
     producer with topic creation off. ``kafka_options`` are Spark Kafka options
@@ -200,7 +211,7 @@ def start_pipeline(
     topics = [source_topics] if isinstance(source_topics, str) else list(source_topics)
     if not topics:
         raise ValueError("source_topics is empty")
-    if options.get("per_group_retry_topic"):
+    if options.get("per_group_topic"):
         topics += [retry_topic(group, t) for t in topics]
     extra = dict(kafka_options or {})
     if isinstance(delivery, ExactlyOnce):

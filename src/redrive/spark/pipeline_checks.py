@@ -57,7 +57,7 @@ def routing(settings: PipelineSettings) -> Routing:
             output_topic=settings.output,
             group=settings.group,
             requests_topic=settings.requests_topic,
-            per_group_retry_topic=settings.per_group_retry_topic,
+            per_group_topic=settings.per_group_topic,
             dead_letters=settings.dead_letters,
             dlq_topic=settings.dlq_topic,
         )
@@ -65,7 +65,7 @@ def routing(settings: PipelineSettings) -> Routing:
         raise ConfigError(
             "--group",
             str(exc),
-            "name the group (with --per-group-retry-topic, in characters a topic name takes)",
+            "name the group (with --per-group-topic, in characters a topic name takes)",
         ) from None
 
 
@@ -73,8 +73,8 @@ def topics(settings: PipelineSettings, routing: Routing) -> dict[str, str]:
     """Each topic the query reads or writes, with the option it comes from."""
     topics = {t: "--source" for t in settings.sources}
     for source in settings.sources:
-        if settings.per_group_retry_topic:
-            topics[routing.retry_destination(source)] = "--per-group-retry-topic"
+        if settings.per_group_topic:
+            topics[routing.retry_destination(source)] = "--per-group-topic"
         if settings.dead_letters == "topic":
             topics[routing.dead_letter_topic(source)] = (
                 "--dlq-topic" if settings.dlq_topic else "--dead-letters topic"

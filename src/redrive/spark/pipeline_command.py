@@ -144,7 +144,7 @@ def _run(checked: CheckedPipeline) -> None:
             kafka_options=checked.kafka_options,
             query_name=f"redrive-pipeline-{s.group}",
             requests_topic=s.requests_topic,
-            per_group_retry_topic=s.per_group_retry_topic,
+            per_group_topic=s.per_group_topic,
             dead_letters=s.dead_letters,
             dlq_topic=s.dlq_topic,
         )
@@ -234,9 +234,11 @@ def command(resolve_broker: BrokerResolver) -> Callable[..., None]:
             str | None,
             typer.Option(help="With --dead-letters topic: the DLQ topic (default <source>.dlq)."),
         ] = None,
-        per_group_retry_topic: Annotated[
+        per_group_topic: Annotated[
             bool,
             typer.Option(
+                "--per-group-topic",
+                # Its name before the App and the pipeline shared one options model.
                 "--per-group-retry-topic",
                 help="Retries come back on <group>.<topic>.retry (read too), not <topic>.",
             ),
@@ -317,7 +319,7 @@ def command(resolve_broker: BrokerResolver) -> Callable[..., None]:
             requests_topic=requests_topic,
             dead_letters="topic" if dead_letters is DeadLetters.topic else "service",
             dlq_topic=dlq_topic,
-            per_group_retry_topic=per_group_retry_topic,
+            per_group_topic=per_group_topic,
             trigger=trigger,
             starting_offsets=starting_offsets,
             delivery=delivery,

@@ -56,7 +56,7 @@ class PipelineSettings:
     requests_topic: str = REQUESTS_TOPIC
     dead_letters: DeadLetterTarget = "service"
     dlq_topic: str | None = None
-    per_group_retry_topic: bool = False
+    per_group_topic: bool = False
     trigger: str = "1 second"
     starting_offsets: str = "earliest"
     delivery: DeliveryName = DeliveryName.exactly_once

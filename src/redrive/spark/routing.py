@@ -56,7 +56,7 @@ class Routing:
     output_topic: str
     group: str
     requests_topic: str = REQUESTS_TOPIC
-    per_group_retry_topic: bool = False
+    per_group_topic: bool = False
     dead_letters: DeadLetterTarget = "service"
     dlq_topic: str | None = None
 
@@ -65,7 +65,7 @@ class Routing:
         for name in (self.output_topic, self.requests_topic, self.dlq_topic):
             if name is not None:
                 _valid_headers(name, group=self.group)
-        if self.per_group_retry_topic:  # the group becomes part of a topic name
+        if self.per_group_topic:  # the group becomes part of a topic name
             _valid_headers(retry_topic(self.group, "t"), group=self.group)
         if self.dead_letters not in ("service", "topic"):
             raise ValueError(
@@ -74,7 +74,7 @@ class Routing:
 
     def retry_destination(self, original_topic: str) -> str:
         """Where a retry of a record first read from ``original_topic`` is delivered."""
-        if self.per_group_retry_topic:
+        if self.per_group_topic:
             return retry_topic(self.group, original_topic)
         return original_topic
 

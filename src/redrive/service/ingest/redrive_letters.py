@@ -4,8 +4,9 @@ the retry service or the Spark scheduler, read with the contract's lenient reade
 redrive writes each once).
 
 The reason code is the one its ``redrive-dead-letter-reason`` names if it is one, else
-``sent_to_dlq`` when its ``redrive-send-to`` is ``dlq``; the letter goes back to its
-destination (as intake does for ``sent_to_dlq``).
+when its ``redrive-send-to`` is ``dlq`` the one its ``redrive-reason-code`` names
+(``fatal_error``, ``attempts_exhausted``, ``deadline_passed``), or ``sent_to_dlq``; the
+letter goes back to its destination (as intake does for a consumer's dead letter).
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ def _read(meta: list[Header], incoming: Incoming) -> r.Fields:
     if said in _CODES:
         code, said = DeadLetterReason(said), None
     elif read.send_to == "dlq":
-        code = DeadLetterReason.SENT_TO_DLQ
+        given = read.reason_code
+        code = DeadLetterReason(given) if given else DeadLetterReason.SENT_TO_DLQ
     why = said or read.reason
     failure = f": {r.short(why)}" if why else r.failure(read.error_type, read.error_message)
     what = "redrive dead letter" if m else "record without redrive- headers"
