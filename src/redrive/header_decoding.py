@@ -25,6 +25,7 @@ from redrive.header_fields import (
     ERROR_TRACE,
     ERROR_TYPE,
     FIELD_OF,
+    GIVE_UPS,
     GROUP,
     ID,
     ID_LENGTH,
@@ -40,6 +41,7 @@ from redrive.header_fields import (
     ORIGINAL_TOPIC,
     PARTITION,
     REASON,
+    REASON_CODE,
     REQUIRED_HEADERS,
     RETRY_AT,
     SEND_TO,
@@ -157,6 +159,8 @@ _ANY_TEXT: Final = 4  # UTF-8, maybe empty; within its cap, so cap_text leaves i
 _ID: Final = 5  # ID_LENGTH lowercase hex characters (ASCII, so its bytes can be checked)
 _ORDER: Final = 6  # b"key", b"behind" or b"release"
 _ORDER_BYTES: Final = frozenset(order.encode("ascii") for order in ORDERS)
+_GIVE_UP: Final = 7  # one of GIVE_UPS; beside redrive-send-to: dlq (checked at the end)
+_GIVE_UP_BYTES: Final = frozenset(code.encode("ascii") for code in GIVE_UPS)
 _Rule: TypeAlias = tuple[str, int, int, int, int]
 
 
@@ -185,8 +189,7 @@ _FAST_RULES: Final[dict[str, _Rule]] = {
     ID: _rule(ID, _ID),
     # An attempt of 0 (a record behind its key's head) takes the careful path.
     ORDER: _rule(ORDER, _ORDER),
-    # No REASON_CODE: it is valid only beside redrive-send-to: dlq, which one header's
-    # rule cannot see. A dead letter (rare) takes the careful path, which checks both.
+    REASON_CODE: _rule(REASON_CODE, _GIVE_UP),
 }
 _TOPIC_BYTES: Final = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-"
 """The characters of header_fields._TOPIC_RE: bytes made only of them strip to nothing."""
@@ -255,6 +258,8 @@ def _decode_fast(headers: list[Any]) -> tuple[RetryHeaders, list[Header]] | None
             return None
         if kind == _ORDER and raw not in _ORDER_BYTES:
             return None
+        if kind == _GIVE_UP and raw not in _GIVE_UP_BYTES:
+            return None
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
@@ -264,6 +269,8 @@ def _decode_fast(headers: list[Any]) -> tuple[RetryHeaders, list[Header]] | None
         values[field] = text
     if "destination" not in values or "retry_at" not in values:
         return None  # a REQUIRED_HEADERS one is missing
+    if "reason_code" in values and values.get("send_to") != "dlq":
+        return None  # a reason code is a dead letter's only
     request = object.__new__(RetryHeaders)
     for set_slot, field, default in _SLOTS:
         set_slot(request, values.get(field, default))

@@ -102,24 +102,19 @@ class Route:
     """The handler is ``async def``: the App awaits it on its event loop."""
     router: Router = field(init=False, repr=False, compare=False)
     """Decides this route's failures with its policy, for its group."""
+    # The strategy's options, read on every record: plain attributes, set once.
+    ordering: Ordering = field(init=False, repr=False, compare=False)
+    """``"key"``: a key's records are handled in order through retries."""
+    per_group_topic: bool = field(init=False, repr=False, compare=False)
+    breaker: Breaker | None = field(init=False, repr=False, compare=False)
+    """The circuit breaker's settings (the `pause` strategy)."""
 
     def __post_init__(self) -> None:
         self.router = Router(self.policy, self.group)
+        self.ordering = self.strategy.ordering
+        self.per_group_topic = self.strategy.per_group_topic
+        self.breaker = self.strategy.breaker
         self.strategy.prepare(self)
-
-    @property
-    def ordering(self) -> Ordering:
-        """``"key"``: a key's records are handled in order through retries."""
-        return self.strategy.ordering
-
-    @property
-    def per_group_topic(self) -> bool:
-        return self.strategy.per_group_topic
-
-    @property
-    def breaker(self) -> Breaker | None:
-        """The circuit breaker's settings (the `pause` strategy)."""
-        return self.strategy.breaker
 
     @property
     def lines_in_tiers(self) -> bool:
