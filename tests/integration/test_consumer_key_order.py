@@ -187,13 +187,18 @@ def test_ordering_needs_a_strategy_that_keeps_key_lines(bootstrap: str) -> None:
     )
     with pytest.raises(ConfigError, match=r"partition\.assignment\.strategy"):
         sticky.add_handler("t", lambda m: None, strategy=RetryTopic(ordering="key"))
-    with pytest.raises(ConfigError, match="per_group_topic"):
-        Service(per_group_topic=True, ordering="key")
+    # Retries on a per-group topic: its partitions must go with the source's.
+    with pytest.raises(ConfigError, match="per-group retry topic"):
+        sticky.add_handler(
+            "t", lambda m: None, strategy=Service(per_group_topic=True, ordering="key")
+        )
     with pytest.raises(ConfigError, match="not an ordering"):
         Topics(ordering="partition")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="batch handlers"):
         app.add_batch_handler("t", lambda batch: None, strategy=Service(ordering="key"))
     assert app.routes == {} and sticky.routes == {}
+    app.add_handler("t", lambda m: None, strategy=Service(per_group_topic=True, ordering="key"))
+    assert app.routes["t"].redelivery_topic == "g-order-config.t.retry"
 
 
 def test_the_docs_example_applies_each_orders_statuses_in_order(

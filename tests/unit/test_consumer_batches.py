@@ -123,12 +123,12 @@ def test_an_unknown_strategy_is_refused_as_for_any_handler() -> None:
 )
 def test_bad_batch_settings_are_refused(max_records: Any, max_wait: Any, setting: str) -> None:
     with pytest.raises(ConfigError, match=f"^{setting} for batch handler 'orders'"):
-        batch_settings("orders", Topics(), max_records, max_wait)
+        batch_settings("orders", print, Topics(), max_records, max_wait)
 
 
 def test_max_wait_takes_seconds_or_a_duration() -> None:
-    assert batch_settings("orders", Service(), 5, "250ms") == BatchSettings(5, 0.25)
-    assert batch_settings("orders", Topics(), 5, 2) == BatchSettings(5, 2.0)
+    assert batch_settings("orders", print, Service(), 5, "250ms") == BatchSettings(5, 0.25)
+    assert batch_settings("orders", print, Topics(), 5, 2) == BatchSettings(5, 2.0)
 
 
 def test_an_async_batch_handler_is_refused_at_registration() -> None:

@@ -23,7 +23,9 @@ def test_the_settings_examples_configure_the_consumer() -> None:
         namespace: dict[str, object] = {"App": App}
         exec(compile(block, str(DOC), "exec"), namespace)
         apps.append(namespace["app"])
-    [typed, transactional, static, fetching] = apps
+    [typed, unbacklogged, transactional, static, fetching] = apps
+    assert isinstance(unbacklogged, App)
+    assert unbacklogged.routes["order-status"].redelivery_topic == "shipping.order-status.retry"
     assert isinstance(typed, App)
     assert typed.routes["orders"].strategy == Service(per_group_topic=True)
     assert typed.routes["orders"].redelivery_topic == "billing.orders.retry"

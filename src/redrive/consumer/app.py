@@ -53,9 +53,10 @@ from redrive.consumer.errors import (
     UnprocessableRecordError,
     UnreadableHeadersError,
 )
-from redrive.consumer.handlers import check_handler, is_async_callable
+from redrive.consumer.handlers import check_handler
 from redrive.consumer.held_keys import HeldKeys
-from redrive.consumer.key_lines import KeyLines, check_key_lines
+from redrive.consumer.key_lines import KeyLines
+from redrive.consumer.key_order import check_key_order
 from redrive.consumer.loop import flush_batches, poll_once
 from redrive.consumer.loop_health import loop_health, max_poll_interval_ms
 from redrive.consumer.message import Message
@@ -240,9 +241,7 @@ class App:
         if topic in self._reads:
             raise ConfigError(f"handler for {topic!r}", "registered twice")
         route = build_route(topic, fn, self.group, options, DEFAULT_POLICY)
-        if route.lines_in_tiers:
-            settings = {**self.kafka, **self.consumer_kafka}
-            check_key_lines(route.topic, route.strategy.name, self.transactional, settings)
+        check_key_order(route, self.transactional, {**self.kafka, **self.consumer_kafka})
         for name, kind in route.topics().items():
             if name in self._reads:
                 raise ConfigError(f"handler for {topic!r}", f"topic {name!r} is already read")
@@ -286,19 +285,7 @@ class App:
         """The same as :meth:`batch_handler`, without the decorator."""
         check_options(options)
         strategy = strategy_value(topic, options.get("strategy", "service"))
-        settings = batch_settings(topic, strategy, max_records, max_wait)
-        if strategy.ordering is not None:
-            raise ConfigError(
-                f"ordering for batch handler {topic!r}",
-                "batch handlers do not keep key order through retries yet",
-                "use a single-record handler",
-            )
-        if is_async_callable(fn):
-            raise ConfigError(
-                f"batch handler for {topic!r}",
-                "async batch handlers are not supported yet",
-                "use a plain def batch handler, or an async def single-record handler",
-            )
+        settings = batch_settings(topic, fn, strategy, max_records, max_wait)
         # Registered as a handler (same checks, same route); the loop hands it lists.
         self.add_handler(topic, cast(Callable[[Message], Any], fn), **options)
         self._batched[topic] = settings

@@ -45,14 +45,15 @@ from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import structlog
 from confluent_kafka import Message as KafkaMessage
 
 from redrive.consumer.errors import BatchFailed, InvalidBatchFailureError
-from redrive.consumer.handlers import refuse_awaitable
+from redrive.consumer.handlers import is_async_callable, refuse_awaitable
 from redrive.consumer.message import Message
 from redrive.consumer.offsets import Partition
 from redrive.consumer.records import Records, safe_repr
@@ -80,12 +81,29 @@ class BatchSettings:
 
 
 def batch_settings(
-    topic: str, strategy: RetryStrategy, max_records: object, max_wait: object
+    topic: str,
+    fn: Callable[..., Any],
+    strategy: RetryStrategy,
+    max_records: object,
+    max_wait: object,
 ) -> BatchSettings:
-    """The settings of ``@app.batch_handler(topic, ...)``; ConfigError for a bad one
-    (mypy refuses a strategy retrying in place already; this is for untyped callers).
+    """The settings of ``@app.batch_handler(topic, ...)`` calling ``fn``; ConfigError
+    for a bad one (mypy refuses a strategy retrying in place already; this is for
+    untyped callers).
 
     ``max_wait`` is seconds (int or float) or a duration (``"250ms"``, ``"2s"``)."""
+    if strategy.ordering is not None:
+        raise ConfigError(
+            f"ordering for batch handler {topic!r}",
+            "batch handlers do not keep key order through retries yet",
+            "use a single-record handler",
+        )
+    if is_async_callable(fn):
+        raise ConfigError(
+            f"batch handler for {topic!r}",
+            "async batch handlers are not supported yet",
+            "use a plain def batch handler, or an async def single-record handler",
+        )
     if strategy.in_place:
         raise ConfigError(
             f"strategy for batch handler {topic!r}",

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from redrive.consumer.co_partitioned import check_assignor
 from redrive.consumer.held_keys import read_back
 from redrive.consumer.offsets import Partition
 from redrive.consumer.publisher import Publisher
@@ -246,11 +247,4 @@ def check_key_lines(
             "(a record's copy and its key's line are written in one step)",
             'use App(..., transactional=True), or strategy="service"',
         )
-    assignor = settings.get("partition.assignment.strategy")
-    if assignor is not None and not str(assignor).replace(" ", "").startswith("range"):
-        raise ConfigError(
-            "partition.assignment.strategy",
-            f"{assignor!r} may give a partition and its retry tiers to different "
-            f"instances, whose key lines for {topic!r} would then disagree",
-            'leave it out (librdkafka\'s default starts with "range"), or use "range"',
-        )
+    check_assignor(topic, "retry tiers", settings)

@@ -18,12 +18,15 @@ dealt with.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
 import structlog
 
 from redrive.clock import now_ms
+from redrive.consumer.co_partitioned import check_assignor
 from redrive.consumer.held_keys import HeldKeys
-from redrive.consumer.key_lines import KeyLines
+from redrive.consumer.key_lines import KeyLines, check_key_lines
 from redrive.consumer.message import Message
 from redrive.consumer.metrics import ConsumerMetrics
 from redrive.consumer.publisher import Publisher
@@ -152,7 +155,7 @@ class KeyOrder:
         """A record of a held key: to the retry service, behind the record it waits for
         (not handled, so not failed: attempt 0, due at once when its turn comes)."""
         request = RetryHeaders(
-            destination=route.topic,
+            destination=route.redelivery_topic,
             retry_at=now_ms(),
             attempt=0,
             partition=message.partition,
@@ -220,3 +223,13 @@ class KeyOrder:
             self.lines.place(topic, partition, key, offset, to)
         else:
             self.held.hold(topic, partition, key, offset)
+
+
+def check_key_order(route: Route, transactional: bool, settings: Mapping[str, Any]) -> None:
+    """What key order through retries needs of the App (``settings``: its consumer's
+    librdkafka settings): the tiers' lines, transactions and an assignor keeping a
+    partition with its tiers; the service's per-group topic, such an assignor."""
+    if route.lines_in_tiers:
+        check_key_lines(route.topic, route.strategy.name, transactional, settings)
+    elif route.ordering is not None and route.per_group_topic:
+        check_assignor(route.topic, "per-group retry topic", settings)

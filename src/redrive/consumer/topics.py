@@ -7,6 +7,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
+from redrive.consumer.co_partitioned import check_partition_count
 from redrive.consumer.routes import Route
 from redrive.errors import ConfigError
 
@@ -34,6 +35,11 @@ def create_derived_topics(admin: AdminClient, routes: list[Route]) -> None:
                 "create it first: its retry and dead-letter topics copy its partition count",
             )
         partitions = len(source.partitions)
+        if route.ordering is not None:  # a key's retries come back to its instance
+            for name, kind in route.topics().items():
+                there = metadata.topics.get(name)
+                if kind != "source" and there is not None and there.error is None:
+                    check_partition_count(route.topic, partitions, name, len(there.partitions))
         wanted += [
             NewTopic(
                 name,

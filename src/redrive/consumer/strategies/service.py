@@ -3,11 +3,15 @@
 A failed record goes to the service's requests topic with the contract headers; the
 service keeps it and delivers it when due to its topic (back to the partition it came
 from), or with ``per_group_topic`` to ``<group>.<topic>.retry``, which the App then
-reads too, so that other groups reading the topic do not see this group's retries.
+reads too, so that other groups reading the topic do not see this group's retries,
+and a retry does not wait behind the source's backlog. With ``ordering="key"`` too, a
+retry comes back on the per-group topic's partition of the source record's number, so
+that the instance holding its key handles it (:mod:`redrive.consumer.co_partitioned`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from redrive.consumer.strategies.base import Kind, Ordering, RetryStrategy, Route, check_ordering
@@ -35,12 +39,6 @@ class Service(RetryStrategy):
             raise ConfigError(
                 "Service(per_group_topic=...)", f"{self.per_group_topic!r} is not True or False"
             )
-        if self.ordering is not None and self.per_group_topic:
-            raise ConfigError(
-                "Service(ordering=..., per_group_topic=...)",
-                "key order needs the retries delivered back to their own partition",
-                "drop per_group_topic=True",
-            )
 
     def topics(self, route: Route) -> dict[str, Kind]:
         return {route.redelivery_topic: "redelivery"} if self.per_group_topic else {}
@@ -48,4 +46,9 @@ class Service(RetryStrategy):
     def retry_to(
         self, route: Route, record: FailedRecord, requests_topic: str
     ) -> RetryTarget | None:
-        return RetryTarget.through(requests_topic, route.redelivery_topic, record)
+        target = RetryTarget.through(requests_topic, route.redelivery_topic, record)
+        if self.ordering is not None and target.destination_partition is None:
+            # To the per-group topic's partition of the record's own number, which the
+            # instance holding its key reads (consumer/co_partitioned.py).
+            return dataclasses.replace(target, destination_partition=record.partition)
+        return target
