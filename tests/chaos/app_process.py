@@ -4,8 +4,9 @@
         --group G --requests-topic R --out EVENTS.jsonl [--policy P] [--transactional]
         [--instance-id I] [--ordering key]
 
-One handler on topic T with strategy S (blocking, pause, topics, service), with
-`ordering="key"` if `--ordering key` is given (strategy service only), an `async def`
+One handler on topic T with strategy S (blocking, pause, topics, retry-topic, service,
+or service-per-group: the service delivering to `<group>.<topic>.retry`), with
+`ordering="key"` if `--ordering key` is given (service, topics, retry-topic), an `async def`
 handler with `--async` (it awaits 0 to 20 ms first, so that records of different
 keys end out of order). What the handler does with a record is said by the end of its
 value:
@@ -74,7 +75,10 @@ def seq_of(value: str) -> int | None:
 
 
 def strategy_of(name: str, ordering: str | None) -> Strategy:
-    """The strategy named on the command line, keeping key order if asked."""
+    """The strategy named on the command line, keeping key order if asked
+    (``service-per-group``: the service, retries on the group's own topic)."""
+    if name == "service-per-group":
+        return Service(per_group_topic=True, ordering="key" if ordering else None)
     if ordering is None:
         return cast(Strategy, name)
     kinds: dict[str, type[Service | Topics]] = {

@@ -6,7 +6,9 @@ produced in order, in 4 bursts of 5 over the production time: see
 handled by tests/chaos/app_process.py with ``ordering="key"``, ``transactional=True``
 and policy ``200ms x3`` (4 attempts), once for each keeper of the key lines: strategy
 ``service`` (the retry service) and ``topics`` (the tier topics; its dead letters go
-to the service too, where the test counts them). About 10% of the
+to the service too, where the test counts them); in the long mode also
+``service-per-group`` (the service delivering to the group's own retry topic). About
+10% of the
 handler's calls fail: chosen from the seed, some records fail once (`:f1`), some two
 or three times (`:f2`, `:f3`), some fatally (`:x`, a dead letter at once) or on
 every attempt (`:f9`, a dead letter once the attempts run out). Mid-run the app is
@@ -47,6 +49,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from redrive.topic_names import per_group_retry_topic
 from tests.chaos.hand_offs import committed_hand_offs, repeated
 from tests.chaos.harness import (
     FAST_GROUP,
@@ -269,7 +272,18 @@ def in_flight(events: list[dict[str, Any]], plan: Plan) -> int:
 
 
 @pytest.mark.parametrize(
-    ("strategy", "handlers"), [("service", "sync"), ("service", "async"), ("topics", "sync")]
+    ("strategy", "handlers"),
+    [
+        ("service", "sync"),
+        ("service", "async"),
+        ("topics", "sync"),
+        # Retries and the records behind a key on the group's own topic.
+        pytest.param(
+            "service-per-group",
+            "sync",
+            marks=pytest.mark.skipif(not LONG, reason="long mode only (make chaos)"),
+        ),
+    ],
 )
 def test_key_order_holds_through_retries_app_kills_and_a_service_restart(
     strategy: str,
@@ -282,9 +296,11 @@ def test_key_order_holds_through_retries_app_kills_and_a_service_restart(
     rng = rng_for(CASE)
     plan = plan_records(rng_for(CASE + "/records"))
     topic = new_topic("chaos-order", partitions=PARTITIONS)
+    group = f"chaos-order-{uuid.uuid4().hex[:8]}"
     db = fresh_database(database_url)
+    destinations = [topic, per_group_retry_topic(group, topic)]
     settings = settings_for(
-        bootstrap, db, allowed_destinations=[topic], lease_seconds=2, kafka=FAST_GROUP
+        bootstrap, db, allowed_destinations=destinations, lease_seconds=2, kafka=FAST_GROUP
     )
     service = Service(settings, tmp_path)
     service.start()
@@ -292,7 +308,7 @@ def test_key_order_holds_through_retries_app_kills_and_a_service_restart(
         bootstrap,
         topic,
         strategy,
-        f"chaos-order-{uuid.uuid4().hex[:8]}",
+        group,
         settings.requests_topic,
         tmp_path,
         policy=POLICY,
