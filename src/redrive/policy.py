@@ -29,10 +29,10 @@ qualified names (``redrive.policy.FatalError``) travel in ``redrive-error-type``
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Any, Final, Literal, TypeAlias, TypedDict, Unpack
+from typing import Any, Final, Literal, TypeAlias, TypedDict, Unpack, cast
 
 # The parts of a policy, each in its own module; users import them from here.
 from redrive import clock
@@ -332,6 +332,17 @@ def policy(spec: Policy | ScheduleSpec, /, **options: Unpack[PolicyOptions]) -> 
     if isinstance(spec, Policy):
         return replace(spec, **fields) if fields else spec
     return Policy(parse_schedule(spec), **fields)
+
+
+def policy_among(spec: Policy | ScheduleSpec, options: Mapping[str, object]) -> Policy:
+    """:func:`policy` with the policy's options found among wider ones (a handler's, a
+    pipeline's); an option given as None or empty counts as not given."""
+    given = {
+        name: value
+        for name, value in options.items()
+        if name in PolicyOptions.__optional_keys__ and value not in (None, ())
+    }
+    return policy(spec, **cast(PolicyOptions, given))
 
 
 # -------------------------------------------------------------------------- explain

@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from types import FrameType
-from typing import Any, TypeVar, Unpack, cast
+from typing import Any, TypeVar, Unpack
 
 import structlog
 from confluent_kafka import (
@@ -73,8 +73,6 @@ from redrive.consumer.routes import (
     Kind,
     Route,
     build_route,
-    check_options,
-    strategy_value,
 )
 from redrive.consumer.strategies.pause import BreakerHook, Breakers
 from redrive.consumer.topics import create_derived_topics
@@ -237,16 +235,24 @@ class App:
         self, topic: str, fn: Callable[[Message], Any], **options: Unpack[HandlerOptions]
     ) -> None:
         """The same as :meth:`handler`, without the decorator."""
+        self._register(self._route(topic, fn, options))
+
+    def _route(
+        self, topic: str, fn: Callable[..., Any], options: HandlerOptions | BatchHandlerOptions
+    ) -> Route:
         check_handler(topic, fn)
         if topic in self._reads:
             raise ConfigError(f"handler for {topic!r}", "registered twice")
         route = build_route(topic, fn, self.group, options, DEFAULT_POLICY)
         check_key_order(route, self.transactional, {**self.kafka, **self.consumer_kafka})
+        return route
+
+    def _register(self, route: Route) -> None:
         for name, kind in route.topics().items():
             if name in self._reads:
-                raise ConfigError(f"handler for {topic!r}", f"topic {name!r} is already read")
+                raise ConfigError(f"handler for {route.topic!r}", f"topic {name!r} is already read")
             self._reads[name] = (route, kind)
-        self.routes[topic] = route
+        self.routes[route.topic] = route
 
     def batch_handler(
         self,
@@ -283,11 +289,10 @@ class App:
         **options: Unpack[BatchHandlerOptions],
     ) -> None:
         """The same as :meth:`batch_handler`, without the decorator."""
-        check_options(options)
-        strategy = strategy_value(topic, options.get("strategy", "service"))
-        settings = batch_settings(topic, fn, strategy, max_records, max_wait)
-        # Registered as a handler (same checks, same route); the loop hands it lists.
-        self.add_handler(topic, cast(Callable[[Message], Any], fn), **options)
+        # A route as any handler's (same checks); the loop hands it lists.
+        route = self._route(topic, fn, options)
+        settings = batch_settings(topic, fn, route.strategy, max_records, max_wait)
+        self._register(route)
         self._batched[topic] = settings
 
     # ------------------------------------------------------------------ running

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from redrive.consumer.breaker import Breaker
 from redrive.consumer.handlers import is_async_callable
@@ -36,7 +36,7 @@ from redrive.consumer.strategies import (
     StrategyName,
 )
 from redrive.errors import ConfigError
-from redrive.policy import Policy, PolicyError, PolicyOptions, policy
+from redrive.policy import Policy, PolicyError, PolicyOptions, policy_among
 from redrive.router import Router
 from redrive.topic_names import dead_letter_topic, held_keys_topic, per_group_retry_topic
 
@@ -170,22 +170,14 @@ def build_route(
     topic: str,
     fn: Callable[..., Any],
     group: str,
-    options: HandlerOptions,
+    options: HandlerOptions | BatchHandlerOptions,
     default_policy: str,
 ) -> Route:
     """The route of ``@app.handler(topic, **options)``; ConfigError for a bad setting."""
     check_options(options)
     strategy = strategy_value(topic, options.get("strategy", "service"))
-    given = cast(
-        PolicyOptions,
-        {
-            name: value
-            for name, value in options.items()
-            if name in PolicyOptions.__optional_keys__ and value not in (None, ())
-        },
-    )
     try:
-        chosen = policy(options.get("policy", default_policy), **given)
+        chosen = policy_among(options.get("policy", default_policy), options)
     except PolicyError as exc:
         raise ConfigError(f"policy for {topic!r}", str(exc)) from None
     return Route(

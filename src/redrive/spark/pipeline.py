@@ -51,10 +51,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from functools import partial
-from typing import Any, Final, Unpack, cast
+from typing import Any, Final, Unpack
 
-from redrive.policy import PolicyOptions
-from redrive.policy import policy as make_policy
+from redrive.policy import PolicyOptions, policy_among
 from redrive.spark.batches import handle_batch, handle_batches
 from redrive.spark.delivery import EXACTLY_ONCE, AtLeastOnce, Delivery, ExactlyOnce
 from redrive.spark.exactly_once import STATS_SCHEMA, TransactionalTarget, write_exactly_once
@@ -136,14 +135,6 @@ def _record_handler(
         if "headers" in missing:
             hint = " (read the source with .option('includeHeaders', 'true'))"
         raise ValueError(f"not a Kafka source DataFrame: no column {', '.join(missing)}{hint}")
-    given = cast(
-        PolicyOptions,
-        {
-            name: value
-            for name, value in options.items()
-            if name in PolicyOptions.__optional_keys__ and value is not None
-        },
-    )
     routing = Routing(
         output_topic=output_topic,
         group=group,
@@ -152,7 +143,7 @@ def _record_handler(
         dead_letters=options.get("dead_letters", "service"),
         dlq_topic=options.get("dlq_topic"),
     )
-    return RecordHandler(handler, make_policy(policy, **given), routing)
+    return RecordHandler(handler, policy_among(policy, options), routing)
 
 
 def _source(df: Any) -> Any:
