@@ -1,6 +1,17 @@
-"""Creating the topics a consumer app derives from its handlers' topics."""
+"""Creating the topics a consumer app derives from its handlers' topics.
+
+Invariant: when :func:`create_derived_topics` returns, every topic it created is in
+the broker's metadata. A topic is created by the controller and known to the
+brokers a moment later; a consumer that subscribes in that moment is told the topic
+does not exist, and librdkafka looks again only at its next metadata refresh
+(``topic.metadata.refresh.interval.ms``, five minutes): the App would not read its
+retries for that long.
+"""
 
 from __future__ import annotations
+
+import time
+from typing import Any
 
 import structlog
 from confluent_kafka import KafkaError, KafkaException
@@ -63,3 +74,40 @@ def create_derived_topics(admin: AdminClient, routes: list[Route]) -> None:
                     f"cannot be created: {exc}",
                     "create it yourself, or grant the app CREATE on it",
                 ) from None
+    _wait_until_known(admin, [topic.topic for topic in wanted])
+
+
+def _wait_until_known(admin: AdminClient, names: list[str], timeout_s: float = 30.0) -> None:
+    """Wait until the broker's metadata has each topic with its partitions (see the
+    module); past ``timeout_s``, go on and say so (the subscription still finds them
+    at the next refresh)."""
+    deadline = time.monotonic() + timeout_s
+    missing = list(names)
+    while missing:
+        try:
+            topics = admin.list_topics(timeout=5).topics
+        except KafkaException:
+            topics = {}
+        missing = [
+            name
+            for name in missing
+            if (known := topics.get(name)) is None
+            or known.error is not None
+            or not known.partitions
+        ]
+        if not missing:
+            return
+        if time.monotonic() >= deadline:
+            log.warning(
+                "topics created but not in the broker's metadata yet; they are read once "
+                "the consumer refreshes its metadata",
+                topics=missing,
+                waited_s=timeout_s,
+            )
+            return
+        time.sleep(0.1)
+
+
+def _known(topic: Any) -> bool:
+    # confluent-kafka does not export its TopicMetadata type.
+    return topic is not None and topic.error is None and bool(topic.partitions)
