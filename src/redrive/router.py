@@ -56,6 +56,7 @@ from redrive.headers import (
     failure_request_id,
     next_request,
     read_delivery_headers,
+    request_id,
 )
 from redrive.policy import DeadLetter, DeadLetterReason, Policy, Retry
 
@@ -303,3 +304,64 @@ def given_up(reason: DeadLetterReason) -> GiveUp | None:
     """A policy's reason to give up as ``redrive-reason-code`` says it (None for one it
     cannot say: only the policy's own reasons travel in the header)."""
     return reason.value if reason.value in GIVE_UPS else None
+
+
+# ---------------------------------------------------------------- key order's requests
+# What a consumer keeping key order writes besides retries and dead letters; their
+# ``redrive-id`` is derived from their fields (:func:`redrive.headers.request_id`), so
+# that the same one written again after a crash is the same request.
+
+
+def put_behind(
+    group: str, destination: str, read_at: tuple[str, int, int], timestamp_ms: int | None
+) -> RetryHeaders:
+    """A record of a held key (read at ``read_at``), put behind the record its key
+    waits for: not handled, so not failed (attempt 0), due at once when its turn
+    comes, back on ``destination`` at the partition it was read from."""
+    topic, partition, offset = read_at
+    request = RetryHeaders(
+        destination=destination,
+        retry_at=now_ms(),
+        attempt=0,
+        partition=partition,
+        group=group,
+        original_topic=topic,
+        original_partition=partition,
+        original_offset=offset,
+        original_timestamp=timestamp_ms,
+        order="behind",
+    )
+    return dataclasses.replace(request, id=request_id(request))
+
+
+def moved_behind(group: str, delivery: RetryHeaders, read_at: tuple[str, int, int]) -> RetryHeaders:
+    """The same delivery, moved behind the record before it in its key's line: its id,
+    or for one written without, one naming where it was read (not the original
+    coordinates, which any producer can write)."""
+    return dataclasses.replace(
+        delivery,
+        retry_at=max(now_ms(), delivery.retry_at + 1),
+        order="behind",
+        id=delivery.id or failure_request_id(group, delivery.attempt, read_at, None),
+    )
+
+
+def released(group: str, delivery: RetryHeaders) -> RetryHeaders | None:
+    """The release of a record of a key's queue the consumer is done with (handled, or
+    a dead letter): the retry service may deliver the next. None when the delivery
+    names no original record (not written by redrive: no queue to name)."""
+    topic, partition = delivery.original_topic, delivery.original_partition
+    offset = delivery.original_offset
+    if topic is None or partition is None or offset is None:
+        return None
+    release = RetryHeaders(
+        destination=delivery.destination,
+        retry_at=now_ms(),
+        attempt=delivery.attempt,
+        group=group,
+        original_topic=topic,
+        original_partition=partition,
+        original_offset=offset,
+        order="release",
+    )
+    return dataclasses.replace(release, id=request_id(release))

@@ -200,7 +200,8 @@ def test_a_failing_batch_sends_back_every_record_of_it(
 def pending_in(app: App, topic: str) -> int:
     """How many records wait in the route's pending batch (white box: the App says
     nothing of it otherwise)."""
-    batches = app._batches
+    session = app._session
+    batches = None if session is None else session.batches
     return 0 if batches is None else len(batches.pending[topic].entries)
 
 

@@ -120,7 +120,7 @@ def test_a_retry_on_a_per_group_topic_does_not_wait_behind_the_backlog_and_keeps
             bootstrap,
             group=group,
             requests_topic=service.settings.requests_topic,
-            consumer_kafka=example.consumer_kafka,
+            consumer_kafka=example.settings.consumer_kafka,
         )
         [route] = example.routes.values()
         assert route.strategy == Service(per_group_topic=True, ordering="key")

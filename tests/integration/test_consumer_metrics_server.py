@@ -299,7 +299,7 @@ def test_a_port_in_use_stops_the_app_before_it_consumes(
         assert str(error).startswith(f"App(metrics_port={port}): 127.0.0.1:{port} is already")
         assert "\n  fix: choose another port" in str(error)
         # Failed before Kafka: no consumer made, never running, nothing handled.
-        assert app._consumer is None and not app.running.is_set()
+        assert app._session is None and not app.running.is_set()
         assert called == [] and app.metrics_url is None and server_threads() == []
         assert port_in_use(port)  # still ours
 

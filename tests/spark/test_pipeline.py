@@ -38,7 +38,7 @@ from redrive.router import SourceRecord
 from redrive.spark.batches import handle_batch
 from redrive.spark.output import to_arrow
 from redrive.spark.pipeline import REQUIRED_COLUMNS, _record_handler, start_pipeline
-from redrive.spark.routing import RecordHandler, Routing
+from redrive.spark.record_handler import Destinations, RecordHandler
 from redrive.spark.scheduler import build_scheduler_query
 from redrive.spark.session import spark_session, stop_with_jvm
 from tests.integration.consumer_harness import wait_for
@@ -318,8 +318,8 @@ def test_record_routing_without_spark() -> None:
     ) -> bytes:
         raise error
 
-    routing = Routing(output_topic="out", group="billing", requests_topic="requests")
-    run = RecordHandler(failing, policy("1s x3"), routing, clock=lambda: 1_000_000)
+    destinations = Destinations(output_topic="out", group="billing", requests_topic="requests")
+    run = RecordHandler(failing, policy("1s x3"), destinations, clock=lambda: 1_000_000)
     record = SourceRecord("orders", 1, 42, 999_000, b"k", b"v", [("trace", b"t1")])
     out = run(record)
     assert out is not None and out.topic == "requests" and (out.key, out.value) == (b"k", b"v")
@@ -343,7 +343,7 @@ def test_record_routing_without_spark() -> None:
     ) -> Any:
         return "not bytes"
 
-    out = RecordHandler(wrong_type, policy("1s x3", fatal_on=TypeError), routing)(record)
+    out = RecordHandler(wrong_type, policy("1s x3", fatal_on=TypeError), destinations)(record)
     assert out is not None and dict(out.headers)["redrive-send-to"] == b"dlq"
     assert dict(out.headers)["redrive-error-type"] == b"TypeError"
 
@@ -353,7 +353,7 @@ def test_record_routing_without_spark() -> None:
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        RecordHandler(interrupted, policy("1s x3"), routing)(record)
+        RecordHandler(interrupted, policy("1s x3"), destinations)(record)
 
 
 def test_the_pipeline_takes_the_apps_policy_options_by_the_same_names() -> None:
@@ -383,7 +383,7 @@ def test_the_pipeline_takes_the_apps_policy_options_by_the_same_names() -> None:
             "retry_on": None,  # unset, as before
         },
     )
-    assert made.routing.retry_destination("orders") == "billing.orders.retry"
+    assert made.destinations.retry_destination("orders") == "billing.orders.retry"
     assert made.policy == policy(
         "1s x*",
         max_attempts=4,
@@ -436,8 +436,8 @@ def test_a_batch_is_routed_as_record_by_record() -> None:
         assert previous is not None
         return encode(previous, user)
 
-    routing = Routing(output_topic="out", group="billing", requests_topic="requests")
-    run = RecordHandler(flaky, policy("1s x3"), routing, clock=lambda: 1_000_000)
+    destinations = Destinations(output_topic="out", group="billing", requests_topic="requests")
+    run = RecordHandler(flaky, policy("1s x3"), destinations, clock=lambda: 1_000_000)
     rows: list[tuple[bytes | None, bytes | None, list[Header] | None]] = [
         (b"k0", b"ok", None),
         (b"k1", b"none", None),
@@ -478,7 +478,10 @@ def test_a_batch_is_routed_as_record_by_record() -> None:
         for row in table:
             for header in row["headers"]:
                 if header["key"] == "redrive-error-trace":
-                    own = rb'  File "[^"]*/redrive/spark/(?:routing|batches)\.py".*?(?=  File ")'
+                    own = (
+                        rb'  File "[^"]*/redrive/spark/(?:record_handler|batches)\.py"'
+                        rb'.*?(?=  File ")'
+                    )
                     header["value"] = re.sub(own, b"", header["value"], count=1, flags=re.S)
         return table
 

@@ -24,8 +24,13 @@ from redrive.consumer.batches import (
     resolve,
 )
 from redrive.consumer.metrics import ConsumerMetrics
-from redrive.consumer.records import Records
+from redrive.consumer.outcomes import Outcomes
+from redrive.consumer.pipeline import Pipeline
+from redrive.consumer.repeats import RecentIds
 from redrive.consumer.routes import Route, build_route
+from redrive.consumer.settings import Hooks
+from redrive.consumer.steps import KeyOrders, build_steps
+from redrive.consumer.strategies.pause import Breakers
 from redrive.errors import ConfigError
 from redrive.headers import decode, encode
 from redrive.router import Router
@@ -169,12 +174,16 @@ class FakePublisher:
 
 def records_for(
     handler: Callable[..., Any], strategy: str = "topics"
-) -> tuple[Records, Route, FakePublisher]:
+) -> tuple[Pipeline, Route, FakePublisher]:
     route = build_route("orders", handler, GROUP, {"strategy": strategy, "policy": "1s"}, "1s")
     route.router = Router(route.policy, GROUP, clock=lambda: NOW)
     reads = {name: (route, kind) for name, kind in route.topics().items()}
     publisher = FakePublisher()
-    records = Records(GROUP, reads, "redrive.requests", publisher, ConsumerMetrics(), None, None)
+    outcomes = Outcomes(
+        GROUP, "redrive.requests", publisher, ConsumerMetrics(), Hooks(), RecentIds(), False
+    )
+    steps = build_steps([route], KeyOrders(None, None), Breakers())
+    records = Pipeline(GROUP, reads, steps, outcomes, Breakers())
     return records, route, publisher
 
 
@@ -192,7 +201,7 @@ def kafka_record(offset: int, partition: int = 0) -> KafkaMessage:
 
 def batches_for(
     handler: Callable[..., Any], max_records: int = 100, strategy: str = "topics"
-) -> tuple[Batches, Records, FakePublisher]:
+) -> tuple[Batches, Pipeline, FakePublisher]:
     records, _, publisher = records_for(handler, strategy)
     batches = Batches(records, {"orders": BatchSettings(max_records, 0.0)})
     return batches, records, publisher
@@ -244,7 +253,7 @@ def test_any_other_exception_fails_every_record_of_the_batch() -> None:
     assert records.handled == {}
     assert [sent["topic"] for sent in publisher.sent] == ["redrive.requests"] * 3
     assert [sent["key"] for sent in publisher.sent] == [b"key-0", b"key-1", b"key-2"]
-    retried = records.metrics.registry.get_sample_value(
+    retried = records.outcomes.metrics.registry.get_sample_value(
         "redrive_consumer_records_total", {"topic": "orders", "outcome": "retried"}
     )
     assert retried == 3
@@ -278,9 +287,9 @@ def test_a_record_dealt_with_before_its_handler_keeps_its_place() -> None:
     pending = batches.topics["orders"]
     take(batches, 0)
     # A value the deserializer refuses: a dead letter at once, its offset held back.
-    pending.route.value_deserializer = lambda raw: int(raw)
+    pending.steps.route.value_deserializer = lambda raw: int(raw)
     assert pending.take(kafka_record(1), "orders", 0, 1, 0.0) is None
-    pending.route.value_deserializer = None
+    pending.steps.route.value_deserializer = None
     take(batches, 2)
     assert [e.message is None for e in pending.entries] == [False, True, False]
     assert [sent["topic"] for sent in publisher.sent] == ["orders.dlq"]

@@ -31,9 +31,9 @@ def test_the_settings_examples_configure_the_consumer() -> None:
     assert typed.routes["orders"].redelivery_topic == "billing.orders.retry"
     assert typed.routes["statuses"].strategy == Topics(ordering="key")
     assert typed.routes["statuses"].lines_in_tiers
-    assert isinstance(transactional, App) and transactional.transactional
-    assert transactional.consumer_kafka == {"group.instance.id": "billing-0"}
+    assert isinstance(transactional, App) and transactional.settings.transactional
+    assert transactional.settings.consumer_kafka == {"group.instance.id": "billing-0"}
     assert isinstance(static, App) and isinstance(fetching, App)
-    assert static.consumer_kafka == {"group.instance.id": socket.gethostname()}
-    assert fetching.consumer_kafka["fetch.min.bytes"] == 1_048_576
-    assert "group.instance.id" not in fetching.consumer_kafka
+    assert static.settings.consumer_kafka == {"group.instance.id": socket.gethostname()}
+    assert fetching.settings.consumer_kafka["fetch.min.bytes"] == 1_048_576
+    assert "group.instance.id" not in fetching.settings.consumer_kafka

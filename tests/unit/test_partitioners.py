@@ -72,9 +72,9 @@ def test_librdkafkas_own_spellings_of_the_setting_are_found() -> None:
 
 
 def test_the_app_places_by_java_unless_told_otherwise() -> None:
-    assert App("127.0.0.1:1").partitioner is Partitioner.MURMUR2_RANDOM
+    assert App("127.0.0.1:1").settings.partitioner is Partitioner.MURMUR2_RANDOM
     chosen = App("127.0.0.1:1", partitioner="consistent_random")
-    assert chosen.partitioner is Partitioner.CONSISTENT_RANDOM
+    assert chosen.settings.partitioner is Partitioner.CONSISTENT_RANDOM
 
 
 def test_the_app_refuses_a_bad_partitioner_and_a_raw_one() -> None:

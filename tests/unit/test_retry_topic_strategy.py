@@ -95,7 +95,7 @@ def test_a_record_waits_at_most_the_longest_delay_and_the_slack() -> None:
 
     def hold(due_in_ms: int) -> object:
         delivery = RetryHeaders(destination="orders", retry_at=now_ms() + due_in_ms)
-        return strategy.hold(route, TOPIC, 0, 1, delivery)
+        return strategy.wait_until_due(route, TOPIC, 0, 1, delivery)
 
     assert hold(-1) is None  # due: handled now
     assert hold(59_000) is not None  # a 1m retry waits

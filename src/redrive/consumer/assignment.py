@@ -29,12 +29,11 @@ from confluent_kafka import (
 
 from redrive.consumer.async_records import AsyncRecords
 from redrive.consumer.batches import Batches
-from redrive.consumer.held_keys import HeldKeys
-from redrive.consumer.key_lines import KeyLines
+from redrive.consumer.key_order import KeyOrder
 from redrive.consumer.offsets import OffsetTracker, Partition
 from redrive.consumer.pauses import PauseBook
+from redrive.consumer.pipeline import Pipeline
 from redrive.consumer.publisher import Publisher
-from redrive.consumer.records import Records
 from redrive.consumer.transactions import Aborted, Transactions
 from redrive.rejoin import RejoinWatch
 
@@ -60,9 +59,9 @@ class Assignment:
     publisher: Publisher
     offsets: OffsetTracker
     pauses: PauseBook
-    records: Records
-    held: HeldKeys
-    lines: KeyLines
+    records: Pipeline
+    key_orders: list[KeyOrder]
+    """The ways the App's ordered routes keep key order: state per partition."""
     rejoin: RejoinWatch
     client_config: dict[str, Any]
     topics: list[str]
@@ -128,10 +127,10 @@ class Assignment:
         try:
             self.transactions.commit(offsets)
         except Aborted:
-            self.records.repeats.abort()  # those hand-offs are gone: not repeats
+            self.records.outcomes.repeats.abort()  # those hand-offs are gone: not repeats
             self._rewind()
             return
-        self.records.repeats.commit()
+        self.records.outcomes.repeats.commit()
         self.offsets.committed(offsets)
 
     def _rewind(self) -> None:
@@ -141,8 +140,8 @@ class Assignment:
         assigned = set(self.assigned)
         self._forget(assigned)
         self.assigned = frozenset(assigned)
-        self.held.load(self.client_config, assigned)  # as the transaction left them
-        self.lines.load(self.client_config, assigned)
+        for order in self.key_orders:  # as the transaction left them
+            order.load(self.client_config, assigned)
         wanted = [TopicPartition(t, p) for t, p in sorted(assigned)]
         committed = self.consumer.committed(wanted, timeout=30) if wanted else []
         if self.async_records is not None:
@@ -160,8 +159,8 @@ class Assignment:
         new = {(p.topic, p.partition) for p in partitions}
         self.assigned = self.assigned | new
         # Before any record of theirs: which keys of ordered routes wait for a retry.
-        self.held.load(self.client_config, new)
-        self.lines.load(self.client_config, new)
+        for order in self.key_orders:
+            order.load(self.client_config, new)
         if self.async_records is not None:  # what the last commit says is done beyond it
             self.async_records.resume(consumer.committed(partitions, timeout=30))
         log.info(
@@ -191,8 +190,8 @@ class Assignment:
         due again, with its attempts counted, instead of staying paused forever."""
         self.assigned = self.assigned - partitions
         self.offsets.forget(partitions)
-        self.held.forget(partitions)
-        self.lines.forget(partitions)
+        for order in self.key_orders:
+            order.forget(partitions)
         self.pauses.release(partitions)
         parked = self.pauses.parked()
         for partition in partitions:

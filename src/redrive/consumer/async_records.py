@@ -4,7 +4,7 @@ The App's loop stays one thread: it polls Kafka, hands each record of an async r
 to its *lane* here, and then runs the event loop for a slice of time
 (:meth:`AsyncRecords.run`), during which the handlers progress, and their outcomes
 (counted, retried, dead-lettered, a partition sought back) are carried out by the
-same code as for plain handlers (:class:`redrive.consumer.records.Records`). One
+same steps as for plain handlers (:mod:`redrive.consumer.pipeline`). One
 thread means no locks, and nothing of redrive's runs while the loop is in
 ``consume``.
 
@@ -33,7 +33,7 @@ Invariants:
   next owner (at least once).
 
 A failure of redrive's own while carrying out an outcome is a dead letter built from
-the record (:meth:`Records.unprocessable`); should even that fail, the error stops the
+the record (:meth:`Pipeline.unprocessable`); should even that fail, the error stops the
 App from :meth:`AsyncRecords.run`, uncommitted, as for a plain handler.
 """
 
@@ -43,7 +43,7 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,9 +55,11 @@ from redrive.consumer import done_ahead
 from redrive.consumer.in_flight import InFlight
 from redrive.consumer.message import Message
 from redrive.consumer.offsets import OffsetTracker, Partition
+from redrive.consumer.outcomes import InPlace
 from redrive.consumer.pauses import PauseBook
-from redrive.consumer.records import InPlace, Records
-from redrive.consumer.routes import Kind, Route
+from redrive.consumer.pipeline import Pipeline
+from redrive.consumer.routes import Kind
+from redrive.consumer.steps import Steps
 from redrive.consumer.strategies import Wait
 from redrive.errors import ConfigError
 
@@ -97,7 +99,7 @@ class _Item:
     """A record taken into a lane; ``message`` is None until it is read (a route kept
     in partition order reads each record at its turn)."""
 
-    route: Route
+    steps: Steps
     kind: Kind
     record: KafkaMessage
     topic: str
@@ -112,22 +114,21 @@ class AsyncRecords:
     @classmethod
     def of(
         cls,
-        records: Records,
+        records: Pipeline,
         offsets: OffsetTracker,
         pauses: PauseBook,
         consumer: Consumer,
-        reads: Mapping[str, tuple[Route, Kind]],
         max_in_flight: int,
     ) -> AsyncRecords | None:
         """For the topics whose handler is ``async def`` (None: there is none)."""
-        topics = frozenset(t for t, (route, _) in reads.items() if route.is_async)
+        topics = frozenset(t for t, (steps, _) in records.reads.items() if steps.route.is_async)
         if not topics:
             return None
         return cls(records, offsets, pauses, consumer, topics, max_in_flight)
 
     def __init__(
         self,
-        records: Records,
+        records: Pipeline,
         offsets: OffsetTracker,
         pauses: PauseBook,
         consumer: Consumer,
@@ -185,7 +186,8 @@ class AsyncRecords:
         already dealt with: a dead letter before its handler, or named so by the last
         commit); a Wait for a tier record not due yet, which the loop makes its
         partition wait for, unaccepted."""
-        route, kind = self.records.reads[topic]
+        steps, kind = self.records.reads[topic]
+        route = steps.route
         tp = (topic, partition)
         if self._done_before and offset in self._done_before.get(tp, ()):
             # Dealt with before a crash or an aborted transaction's rewind, its hand-off
@@ -193,7 +195,7 @@ class AsyncRecords:
             self._done_before[tp].discard(offset)
             self.in_flight.accept(tp, offset)
             self._done(tp, offset)
-            self.records.metrics.records.labels(route.topic, "repeat_skipped").inc()
+            self.records.outcomes.metrics.records.labels(route.topic, "repeat_skipped").inc()
             log.info(
                 "record dealt with before skipped", topic=topic, partition=partition, offset=offset
             )
@@ -205,7 +207,7 @@ class AsyncRecords:
             # back, and then this one is fetched again, not dead-lettered twice.
             lane = tp
         else:
-            prepared = self._prepare(route, kind, record, topic, partition, offset)
+            prepared = self._prepare(steps, kind, record, topic, partition, offset)
             if isinstance(prepared, Wait):
                 return prepared
             if prepared is None:  # dealt with: a dead letter before its handler
@@ -215,7 +217,7 @@ class AsyncRecords:
             message = prepared
             lane = None if message.key is None else (route.topic, message.key)
         self.in_flight.accept(tp, offset)
-        item = _Item(route, kind, record, topic, partition, offset, message)
+        item = _Item(steps, kind, record, topic, partition, offset, message)
         if lane is not None:
             queued = self._lanes.get(lane)
             if queued is not None:
@@ -227,17 +229,17 @@ class AsyncRecords:
 
     def _prepare(
         self,
-        route: Route,
+        steps: Steps,
         kind: Kind,
         record: KafkaMessage,
         topic: str,
         partition: int,
         offset: int,
     ) -> Message | Wait | None:
-        """:meth:`Records.prepare`, a failure of redrive's own there being a dead letter."""
+        """:meth:`Pipeline.prepare`, a failure of redrive's own there being a dead letter."""
         records = self.records
         try:
-            return records.prepare(route, kind, record, topic, partition, offset)
+            return records.prepare(steps, kind, record, topic, partition, offset)
         except Exception as exc:  # noqa: BLE001 - no record may stop the consumer
             records.unprocessable(record, topic, partition, offset, exc)
             return None
@@ -305,7 +307,7 @@ class AsyncRecords:
 
     def _count_handler_time(self) -> None:
         if self._handler_s:
-            self.records.metrics.handler_seconds.inc(self._handler_s)
+            self.records.outcomes.metrics.handler_seconds.inc(self._handler_s)
             self._handler_s = 0.0
 
     def _start(self, coroutine: Coroutine[Any, Any, None]) -> None:
@@ -325,31 +327,23 @@ class AsyncRecords:
     async def _lane(self, lane: LaneKey | None, item: _Item) -> None:
         """Run a lane's records one after the other until it is empty, or its
         partition is sought back."""
-        records, handled = self.records, self.records.handled
+        records, outcomes = self.records, self.records.outcomes
         current: _Item | None = item
         try:
             while current is not None:
-                message = current.message
-                if (
-                    message is not None
-                    and not records.circuits
-                    and not records.in_place
-                    and current.route.ordering is None
-                ):
+                message, steps = current.message, current.steps
+                if message is not None and not steps.gates and not records.in_place:
                     # The usual record, inline (the success path is the hot path): read
-                    # already, and no breaker, retry in place or key order to consult.
+                    # already, and no gate or retry in place to consult.
                     started = time.perf_counter()
                     try:
-                        await current.route.handler(message)
+                        await steps.route.handler(message)
                     except Exception as exc:  # noqa: BLE001 - what _one handles
                         self._handler_s += time.perf_counter() - started
                         go_on = self._failed(current, message, exc)
                     else:
                         self._handler_s += time.perf_counter() - started
-                        topic = current.route.topic
-                        handled[topic] = handled.get(topic, 0) + 1
-                        if message.retry is not None:
-                            records.remember(message)
+                        outcomes.succeeded(steps, message, None)
                         self._done((current.topic, current.partition), current.offset)
                         go_on = True
                 else:
@@ -368,12 +362,12 @@ class AsyncRecords:
     async def _one(self, item: _Item) -> bool:
         """Run one record's handler and carry out its outcome; whether its lane goes on
         (False: its partition was sought back to it)."""
-        route, records = item.route, self.records
+        steps, records = item.steps, self.records
         tp, offset = (item.topic, item.partition), item.offset
         try:
             message = item.message
             if message is None:
-                prepared = self._prepare(route, item.kind, item.record, *tp, offset)
+                prepared = self._prepare(steps, item.kind, item.record, *tp, offset)
                 if isinstance(prepared, Wait):  # not from a source topic: not reached
                     self._wait(tp, offset, prepared)
                     return False
@@ -381,13 +375,14 @@ class AsyncRecords:
                     self._done(tp, offset)
                     return True
                 message = prepared
-            held = records.admit(route)
-            if held is not None:  # the breaker is open: the record waits, unstarted
-                self._wait(tp, offset, held)
-                return False
             # Its key may have become held while it waited in its lane (an earlier
-            # record of the key failed): then it goes behind, unstarted.
-            if route.ordering is not None and records.goes_behind(route, message):
+            # record of the key failed): then it goes behind, unstarted. An open
+            # breaker keeps it waiting, unstarted.
+            stop = records.gate(steps, message)
+            if isinstance(stop, Wait):
+                self._wait(tp, offset, stop)
+                return False
+            if stop is not None:
                 self._done(tp, offset)
                 return True
             state = records.state_of(item.topic, item.partition, offset)
@@ -395,13 +390,13 @@ class AsyncRecords:
             return self._unprocessable(item, exc)
         started = time.perf_counter()
         try:
-            await route.handler(message)
+            await steps.route.handler(message)
         except Exception as exc:  # noqa: BLE001 - the handler's failure is what we handle
             self._handler_s += time.perf_counter() - started
             return self._failed(item, message, exc, state)
         self._handler_s += time.perf_counter() - started
         try:
-            records.succeeded(route, message, state)
+            records.outcomes.succeeded(steps, message, state)
         except Exception as exc:  # noqa: BLE001 - redrive's own failure on this record
             return self._unprocessable(item, exc)
         self._done(tp, offset)
@@ -414,7 +409,7 @@ class AsyncRecords:
         goes on (False: the record's partition was sought back to it)."""
         tp = (item.topic, item.partition)
         try:
-            wait = self.records.failed(item.route, message, error, state)
+            wait = self.records.outcomes.failed(item.steps, message, error, state)
             if wait is not None:
                 self._wait(tp, item.offset, wait)
                 return False
@@ -454,7 +449,7 @@ class AsyncRecords:
         self.pauses.wait(tp, offset, wait.until_ms)
         if wait.all_partitions:
             for lane, queued in self._lanes.items():
-                if queued and lane != tp and queued[0].route.strategy.in_place:
+                if queued and lane != tp and queued[0].steps.route.strategy.in_place:
                     first = queued[0]
                     queued.clear()
                     self.in_flight.drop_from(_partition(first), first.offset)

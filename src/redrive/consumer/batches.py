@@ -23,7 +23,7 @@ stop hands the pending batches to their handlers first (``loop.flush_batches``).
 **Failures.** A handler that raises :class:`~redrive.consumer.errors.BatchFailed`
 names the records that failed, each with its error; the others are handled. Any
 other exception fails every record of the batch with it. Each failed record goes
-through :meth:`redrive.consumer.records.Records.failed`: the failure router
+through :meth:`redrive.consumer.outcomes.Outcomes.failed`: the failure router
 (``route.router``) and the strategy (``route.strategy``) of a single failed record, so
 its retry or dead letter is the one a single-record handler raising that error would
 have made, byte for byte but for the error's stack trace (which says where it was
@@ -56,8 +56,10 @@ from redrive.consumer.errors import BatchFailed, InvalidBatchFailureError
 from redrive.consumer.handlers import is_async_callable, refuse_awaitable
 from redrive.consumer.message import Message
 from redrive.consumer.offsets import Partition
-from redrive.consumer.records import Records, safe_repr
+from redrive.consumer.outcomes import safe_repr
+from redrive.consumer.pipeline import Pipeline
 from redrive.consumer.routes import Route
+from redrive.consumer.steps import Steps
 from redrive.consumer.strategies import BY_NAME, RetryStrategy, Wait
 from redrive.durations import to_ms
 from redrive.errors import ConfigError
@@ -216,8 +218,8 @@ class Entry:
 class Pending:
     """One batch route's pending batch."""
 
-    records: Records
-    route: Route
+    records: Pipeline
+    steps: Steps
     settings: BatchSettings
     entries: list[Entry] = field(default_factory=list)
     messages: int = 0
@@ -228,9 +230,9 @@ class Pending:
         """Take a record into the batch: None once taken (its position moves when its
         batch is through), or the Wait of a tier record not due yet (not taken)."""
         records = self.records
-        route, kind = records.reads[topic]
+        steps, kind = records.reads[topic]
         try:
-            message = records.prepare(route, kind, record, topic, partition, offset)
+            message = records.prepare(steps, kind, record, topic, partition, offset)
         except Exception as exc:  # noqa: BLE001 - no record may stop the consumer
             records.unprocessable(record, topic, partition, offset, exc)
             message = None
@@ -278,18 +280,19 @@ class Pending:
 class Batches:
     """The pending batches of an App's batch routes (see the module)."""
 
-    def __init__(self, records: Records, settings: Mapping[str, BatchSettings]) -> None:
+    def __init__(self, records: Pipeline, settings: Mapping[str, BatchSettings]) -> None:
         self.records = records
         self.pending: dict[str, Pending] = {}
         """By route topic."""
         self.topics: dict[str, Pending] = {}
         """By every topic a batch route reads (its own, its tiers, its per-group topic)."""
-        for name, (route, _) in records.reads.items():
+        for name, (steps, _) in records.reads.items():
+            route = steps.route
             chosen = settings.get(route.topic)
             if chosen is None:
                 continue
             if route.topic not in self.pending:
-                self.pending[route.topic] = Pending(records, route, chosen)
+                self.pending[route.topic] = Pending(records, steps, chosen)
             self.topics[name] = self.pending[route.topic]
 
     def timeout(self, timeout_s: float) -> float:
@@ -309,7 +312,7 @@ class Batches:
         for pending in self.pending.values():
             while pending.entries and (force or pending.due(now)):
                 chunk = pending.cut()
-                self._run(pending.route, chunk)
+                self._run(pending.steps, chunk)
                 for entry in chunk:
                     if entry.offset > positions.get(entry.partition, -1):
                         positions[entry.partition] = entry.offset
@@ -320,13 +323,13 @@ class Batches:
         for pending in self.pending.values():
             pending.forget(partitions)
 
-    def _run(self, route: Route, chunk: list[Entry]) -> None:
+    def _run(self, steps: Steps, chunk: list[Entry]) -> None:
         live = [entry for entry in chunk if entry.message is not None]
         if not live:
             return
         messages = [entry.message for entry in live if entry.message is not None]
-        failures = self._call(route, messages)
-        records = self.records
+        failures = self._call(steps.route, messages)
+        records, outcomes = self.records, self.records.outcomes
         for index, entry in enumerate(live):
             error = failures.get(index)
             if error is None:
@@ -334,15 +337,10 @@ class Batches:
             topic, partition = entry.partition
             try:
                 # Never a Wait: batch routes hand their retries off (BATCH_STRATEGIES).
-                records.failed(route, messages[index], error)
+                outcomes.failed(steps, messages[index], error)
             except Exception as exc:  # noqa: BLE001 - no record may stop the consumer
                 records.unprocessable(entry.record, topic, partition, entry.offset, exc)
-        for index, message in enumerate(messages):
-            if message.retry is not None and index not in failures:
-                records.remember(message)
-        handled = len(messages) - len(failures)
-        if handled:
-            records.handled[route.topic] = records.handled.get(route.topic, 0) + handled
+        outcomes.batch_succeeded(steps, messages, failures)
 
     def _call(self, route: Route, messages: list[Message]) -> dict[int, BaseException]:
         """Run the handler on a batch: which records failed, by index, with what."""

@@ -24,7 +24,7 @@ Invariants:
   end of each turn, even a turn whose poll returned nothing.
 
 The success path is the hot path: per record only the handler call and a few dict
-operations here and in :meth:`Records.process`; positions and counts are recorded
+operations here and in :meth:`Pipeline.process`; positions and counts are recorded
 once per batch, and the time spent is measured per batch.
 """
 
@@ -43,7 +43,7 @@ from redrive.consumer.batches import Batches
 from redrive.consumer.metrics import ConsumerMetrics
 from redrive.consumer.offsets import OffsetTracker, Partition
 from redrive.consumer.pauses import PauseBook
-from redrive.consumer.records import Records
+from redrive.consumer.pipeline import Pipeline
 from redrive.kafka import consume_available
 
 log = structlog.get_logger("redrive.consumer")
@@ -51,7 +51,7 @@ log = structlog.get_logger("redrive.consumer")
 
 def poll_once(
     consumer: Consumer,
-    records: Records,
+    records: Pipeline,
     offsets: OffsetTracker,
     pauses: PauseBook,
     metrics: ConsumerMetrics,
@@ -67,7 +67,7 @@ def poll_once(
     records in flight, if any. Whether Kafka was polled (not when the async routes
     have no room for more records)."""
     now = now_ms()
-    if records.circuits:
+    if records.breakers:
         records.breakers.tick(now)  # open breakers whose time is over: half-open
     pauses.resume_due(now)
     timeout = poll_timeout_s
@@ -127,16 +127,16 @@ def poll_once(
             continue
         if asyncs and topic in asyncs:
             assert async_records is not None
-            hold = async_records.accept(record, topic, partition, offset)
-            if hold is not None:  # a tier record not due yet
-                pauses.wait(tp, offset, hold.until_ms)
+            not_due = async_records.accept(record, topic, partition, offset)
+            if not_due is not None:  # a tier record not due yet
+                pauses.wait(tp, offset, not_due.until_ms)
                 waiting = True
                 rewound.add(tp)
             continue  # else in its lane, positioned once dealt with
         if batched and topic in batched:
-            hold = batched[topic].take(record, topic, partition, offset, arrived)
-            if hold is not None:  # a tier record not due yet
-                pauses.wait(tp, offset, hold.until_ms)
+            not_due = batched[topic].take(record, topic, partition, offset, arrived)
+            if not_due is not None:  # a tier record not due yet
+                pauses.wait(tp, offset, not_due.until_ms)
                 waiting = True
                 rewound.add(tp)
             continue  # else in its batch, positioned once the batch is through
@@ -176,7 +176,7 @@ def poll_once(
 
 
 def _run_async(
-    async_records: AsyncRecords, records: Records, metrics: ConsumerMetrics, timeout: float
+    async_records: AsyncRecords, records: Pipeline, metrics: ConsumerMetrics, timeout: float
 ) -> None:
     """A turn without records to take: the event loop runs, what ends is counted."""
     records.handled.clear()
@@ -184,7 +184,7 @@ def _run_async(
     _count(records, metrics)
 
 
-def _count(records: Records, metrics: ConsumerMetrics) -> None:
+def _count(records: Pipeline, metrics: ConsumerMetrics) -> None:
     for topic, count in records.handled.items():
         metrics.records.labels(topic, "handled").inc(count)
 
@@ -205,7 +205,7 @@ def _rewind_rest(consumer: Consumer, rest: list[KafkaMessage], rewound: set[Part
 
 
 def flush_batches(
-    batches: Batches, records: Records, offsets: OffsetTracker, metrics: ConsumerMetrics
+    batches: Batches, records: Pipeline, offsets: OffsetTracker, metrics: ConsumerMetrics
 ) -> None:
     """The App stops: hand every pending batch to its handler, however young, and mark
     its records, so that the final commit covers them."""

@@ -1,4 +1,4 @@
-"""`redrive demo` (`make demo`): the items scenario of seed 000, end to end.
+"""`redrive demo` (`make demo`): the items scenario, end to end.
 
 On the embedded default (the local Kafka broker, the embedded PostgreSQL, the retry
 service with its web UI), two engines consume the same item events: the items

@@ -1,4 +1,4 @@
-"""The items application of the demo (seed 000), built on the redrive library.
+"""The items application of the demo, built on the redrive library.
 
 Two consumers keep items in a PostgreSQL table: `create-item` inserts an item with
 status PENDING, `update-item` sets its status and fails with ItemNotFound while the

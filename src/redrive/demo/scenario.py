@@ -1,4 +1,4 @@
-"""`redrive demo` (`make demo`): the items scenario of seed 000, end to end, on two engines.
+"""`redrive demo` (`make demo`): the items scenario, end to end, on two engines.
 
 On the embedded default: the local Kafka broker, the embedded PostgreSQL, the retry
 service (with its HTTP endpoints and web UI), and two consumers of the same item
@@ -358,7 +358,7 @@ def _stop_on_sigterm() -> None:
 
 def run(*, oneshot: bool = False) -> int:
     print(
-        "redrive demo: the items scenario (seed 000) on the embedded default, on two engines\n",
+        "redrive demo: the items scenario on the embedded default, on two engines\n",
         flush=True,
     )
     status = LocalStack().up()

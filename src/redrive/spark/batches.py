@@ -2,7 +2,7 @@
 
 ``mapInArrow`` hands a Python worker whole Arrow batches of the columns
 :func:`redrive.spark.pipeline.with_retries` selects. :func:`handle_batch` gives, for
-each, exactly what :class:`redrive.spark.routing.RecordHandler` gives record by record,
+each, exactly what :class:`redrive.spark.record_handler.RecordHandler` gives record by record,
 but keeps the success path lean: key, value and headers are read from Arrow column by
 column, and a record's topic, partition, offset and timestamp only when it fails.
 """
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from redrive.headers import Header
 from redrive.router import SourceRecord, record_time
 from redrive.spark.output import OutputColumns, OutputRecord, arrow_schema, header_array
-from redrive.spark.routing import RecordHandler, as_output_value
+from redrive.spark.record_handler import RecordHandler, as_output_value
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -94,7 +94,7 @@ def handle_batch(record_handler: RecordHandler, batch: pa.RecordBatch) -> pa.Rec
             result = None
         results.append(result)
         user_headers_of.append(user_headers)
-    output_topic = record_handler.routing.output_topic
+    output_topic = record_handler.destinations.output_topic
     if not routed and None not in results:
         return _all_handled(output_topic, batch.column("key"), results, user_headers_of)
     out = OutputColumns()

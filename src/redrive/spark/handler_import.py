@@ -19,7 +19,7 @@ from types import ModuleType
 from typing import Any, Final, cast
 
 from redrive.errors import ConfigError
-from redrive.spark.routing import Handler
+from redrive.spark.record_handler import Handler
 
 HANDLER_SETTING: Final = "MODULE:HANDLER"
 """How errors about the handler argument name it (its metavar on the command line)."""

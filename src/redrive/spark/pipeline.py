@@ -42,7 +42,7 @@ once, since after a crash Spark runs the last micro-batch again and a result may
 written twice. :func:`start_pipeline` writes exactly once by default
 (:mod:`redrive.spark.delivery`, :mod:`redrive.spark.exactly_once`).
 
-Beside this module: :mod:`redrive.spark.routing` (one record: the handler, and where
+Beside this module: :mod:`redrive.spark.record_handler` (one record: the handler, and where
 its outcome goes), :mod:`redrive.spark.batches` (the executors' Arrow batches) and
 :mod:`redrive.spark.output` (the rows written).
 """
@@ -59,7 +59,13 @@ from redrive.spark.delivery import EXACTLY_ONCE, AtLeastOnce, Delivery, ExactlyO
 from redrive.spark.exactly_once import STATS_SCHEMA, TransactionalTarget, write_exactly_once
 from redrive.spark.observed import pipeline_outcomes, written_outcomes
 from redrive.spark.output import OUTPUT_SCHEMA
-from redrive.spark.routing import DeadLetterTarget, Handler, RecordHandler, Routing, retry_topic
+from redrive.spark.record_handler import (
+    DeadLetterTarget,
+    Destinations,
+    Handler,
+    RecordHandler,
+    retry_topic,
+)
 from redrive.topic_names import REQUESTS_TOPIC
 
 __all__ = [
@@ -135,7 +141,7 @@ def _record_handler(
         if "headers" in missing:
             hint = " (read the source with .option('includeHeaders', 'true'))"
         raise ValueError(f"not a Kafka source DataFrame: no column {', '.join(missing)}{hint}")
-    routing = Routing(
+    destinations = Destinations(
         output_topic=output_topic,
         group=group,
         requests_topic=options.get("requests_topic", REQUESTS_TOPIC),
@@ -143,7 +149,7 @@ def _record_handler(
         dead_letters=options.get("dead_letters", "service"),
         dlq_topic=options.get("dlq_topic"),
     )
-    return RecordHandler(handler, policy_among(policy, options), routing)
+    return RecordHandler(handler, policy_among(policy, options), destinations)
 
 
 def _source(df: Any) -> Any:

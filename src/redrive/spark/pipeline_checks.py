@@ -12,7 +12,7 @@ from redrive.headers import MAX_TOPIC_LENGTH, is_topic_name
 from redrive.policy import Policy, PolicyError
 from redrive.policy import policy as make_policy
 from redrive.spark.handler_import import import_exception_classes
-from redrive.spark.routing import Routing
+from redrive.spark.record_handler import Destinations
 
 if TYPE_CHECKING:
     from redrive.spark.pipeline_settings import Broker, PipelineSettings
@@ -51,9 +51,9 @@ def check_topic_names(settings: PipelineSettings) -> None:
             )
 
 
-def routing(settings: PipelineSettings) -> Routing:
+def destinations(settings: PipelineSettings) -> Destinations:
     try:
-        return Routing(
+        return Destinations(
             output_topic=settings.output,
             group=settings.group,
             requests_topic=settings.requests_topic,
@@ -69,14 +69,14 @@ def routing(settings: PipelineSettings) -> Routing:
         ) from None
 
 
-def topics(settings: PipelineSettings, routing: Routing) -> dict[str, str]:
+def topics(settings: PipelineSettings, destinations: Destinations) -> dict[str, str]:
     """Each topic the query reads or writes, with the option it comes from."""
     topics = {t: "--source" for t in settings.sources}
     for source in settings.sources:
         if settings.per_group_topic:
-            topics[routing.retry_destination(source)] = "--per-group-topic"
+            topics[destinations.retry_destination(source)] = "--per-group-topic"
         if settings.dead_letters == "topic":
-            topics[routing.dead_letter_topic(source)] = (
+            topics[destinations.dead_letter_topic(source)] = (
                 "--dlq-topic" if settings.dlq_topic else "--dead-letters topic"
             )
     topics[settings.output] = "--output"

@@ -99,11 +99,11 @@ def check(
     pipeline_checks.check_topic_names(settings)
     handler = import_handler(settings.handler)
     pipeline_policy = pipeline_checks.policy(settings)
-    routing = pipeline_checks.routing(settings)
+    destinations = pipeline_checks.destinations(settings)
     resolved = resolve_broker(bootstrap)
     broker = Broker(resolved.bootstrap, {**resolved.client_config, **kafka})
     kafka_options = spark_kafka_options(broker.client_config)
-    pipeline_checks.check_topics_exist(broker, pipeline_checks.topics(settings, routing))
+    pipeline_checks.check_topics_exist(broker, pipeline_checks.topics(settings, destinations))
     return CheckedPipeline(
         settings, handler, pipeline_policy, broker, chosen_master, spark_conf, kafka_options
     )

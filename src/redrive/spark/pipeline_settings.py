@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from redrive.policy import Policy
-from redrive.spark.routing import DeadLetterTarget, Handler
+from redrive.spark.record_handler import DeadLetterTarget, Handler
 from redrive.topic_names import REQUESTS_TOPIC
 
 

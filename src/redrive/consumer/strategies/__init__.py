@@ -6,7 +6,7 @@
 - :mod:`~redrive.consumer.strategies.topics`: through retry topics, one per delay and
   consumer group;
 - :mod:`~redrive.consumer.strategies.retry_topic`: through one retry topic per topic
-  and consumer group (seed 000);
+  and consumer group, whatever the delay;
 - :mod:`~redrive.consumer.strategies.service`: through the retry service.
 
 Each implements :class:`~redrive.consumer.strategies.base.RetryStrategy` as a value

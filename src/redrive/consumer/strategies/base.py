@@ -38,7 +38,7 @@ Ordering: TypeAlias = Literal["key"] | None
 later records may overtake a record waiting for its retry."""
 
 
-class Route(Protocol):
+class RouteView(Protocol):
     """What a strategy sees of a handler's route (:class:`redrive.consumer.routes.Route`)."""
 
     topic: str
@@ -105,16 +105,16 @@ class RetryStrategy(ABC):
         """The circuit breaker's settings; None: the strategy has none."""
         return None
 
-    def prepare(self, route: Route) -> None:  # noqa: B027 - most strategies derive nothing
+    def prepare(self, route: RouteView) -> None:  # noqa: B027 - most strategies derive nothing
         """Derive what the strategy needs from a route being registered (raise
         :class:`redrive.errors.ConfigError` for a route it cannot serve)."""
 
-    def topics(self, route: Route) -> dict[str, Kind]:
+    def topics(self, route: RouteView) -> dict[str, Kind]:
         """The topics the route reads besides its own."""
         return {}
 
-    def hold(
-        self, route: Route, topic: str, partition: int, offset: int, delivery: RetryHeaders
+    def wait_until_due(
+        self, route: RouteView, topic: str, partition: int, offset: int, delivery: RetryHeaders
     ) -> Wait | None:
         """Whether a record read from one of the strategy's own topics (:meth:`topics`)
         with this group's redrive headers waits before it is handled (None: now)."""
@@ -122,7 +122,7 @@ class RetryStrategy(ABC):
 
     @abstractmethod
     def retry_to(
-        self, route: Route, record: FailedRecord, requests_topic: str
+        self, route: RouteView, record: FailedRecord, requests_topic: str
     ) -> RetryTarget | None:
         """Where the retry of a failed record goes; None: it is retried in place."""
 

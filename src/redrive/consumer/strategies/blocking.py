@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from redrive.consumer.strategies.base import RetryStrategy, Route, Wait
+from redrive.consumer.strategies.base import RetryStrategy, RouteView, Wait
 from redrive.policy import Retry
 from redrive.router import FailedRecord, RetryTarget
 
@@ -23,7 +23,7 @@ class Blocking(RetryStrategy):
     in_place = True
 
     def retry_to(
-        self, route: Route, record: FailedRecord, requests_topic: str
+        self, route: RouteView, record: FailedRecord, requests_topic: str
     ) -> RetryTarget | None:
         return None
 

@@ -32,7 +32,7 @@ import structlog
 from redrive.clock import Clock, now_ms
 from redrive.consumer.breaker import Breaker, BreakerMachine, BreakerState, Transition
 from redrive.consumer.metrics import ConsumerMetrics
-from redrive.consumer.strategies.base import RetryStrategy, Route, Wait
+from redrive.consumer.strategies.base import RetryStrategy, RouteView, Wait
 from redrive.errors import ConfigError
 from redrive.policy import Retry
 from redrive.reasons import DeadLetterReason
@@ -67,7 +67,7 @@ class Pause(RetryStrategy):
             )
 
     def retry_to(
-        self, route: Route, record: FailedRecord, requests_topic: str
+        self, route: RouteView, record: FailedRecord, requests_topic: str
     ) -> RetryTarget | None:
         return None
 

@@ -14,7 +14,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from redrive.consumer.strategies.base import Kind, Ordering, RetryStrategy, Route, check_ordering
+from redrive.consumer.strategies.base import (
+    Kind,
+    Ordering,
+    RetryStrategy,
+    RouteView,
+    check_ordering,
+)
 from redrive.errors import ConfigError
 from redrive.router import FailedRecord, RetryTarget
 
@@ -40,11 +46,11 @@ class Service(RetryStrategy):
                 "Service(per_group_topic=...)", f"{self.per_group_topic!r} is not True or False"
             )
 
-    def topics(self, route: Route) -> dict[str, Kind]:
+    def topics(self, route: RouteView) -> dict[str, Kind]:
         return {route.redelivery_topic: "redelivery"} if self.per_group_topic else {}
 
     def retry_to(
-        self, route: Route, record: FailedRecord, requests_topic: str
+        self, route: RouteView, record: FailedRecord, requests_topic: str
     ) -> RetryTarget | None:
         target = RetryTarget.through(requests_topic, route.redelivery_topic, record)
         if self.ordering is not None and target.destination_partition is None:

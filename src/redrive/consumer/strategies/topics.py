@@ -23,7 +23,7 @@ from redrive.consumer.strategies.base import (
     Kind,
     Ordering,
     RetryStrategy,
-    Route,
+    RouteView,
     Wait,
     check_ordering,
 )
@@ -59,7 +59,7 @@ class Topics(RetryStrategy):
     tier_pattern: ClassVar[str] = "<group>.<topic>.retry.<delay>"
     """How a tier's name is made, for the error about a group that cannot make one."""
 
-    def prepare(self, route: Route) -> None:
+    def prepare(self, route: RouteView) -> None:
         route.tiers = self.tier_topics(route)
         for name in route.tiers.values():
             if not is_topic_name(name):
@@ -71,18 +71,18 @@ class Topics(RetryStrategy):
                     f"{MAX_TOPIC_LENGTH}-character topic name, or another strategy",
                 )
 
-    def tier_topics(self, route: Route) -> dict[int, str]:
+    def tier_topics(self, route: RouteView) -> dict[int, str]:
         """The route's tiers: nominal delay (ms) -> tier topic, one per distinct delay."""
         return {
             delay: tier_topic(route.group, route.topic, format_duration(delay))
             for delay in tier_delays(route.policy)
         }
 
-    def topics(self, route: Route) -> dict[str, Kind]:
+    def topics(self, route: RouteView) -> dict[str, Kind]:
         return dict.fromkeys(route.tiers.values(), "tier")
 
-    def hold(
-        self, route: Route, topic: str, partition: int, offset: int, delivery: RetryHeaders
+    def wait_until_due(
+        self, route: RouteView, topic: str, partition: int, offset: int, delivery: RetryHeaders
     ) -> Wait | None:
         now = now_ms()
         if delivery.retry_at <= now:
@@ -99,7 +99,7 @@ class Topics(RetryStrategy):
         return None
 
     def retry_to(
-        self, route: Route, record: FailedRecord, requests_topic: str
+        self, route: RouteView, record: FailedRecord, requests_topic: str
     ) -> RetryTarget | None:
         # The tier is read by this App, not delivered by the service: the request
         # names the route's topic and no partition; the record keeps its partition.

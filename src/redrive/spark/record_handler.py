@@ -2,7 +2,7 @@
 
 Pure Python, no Spark: :class:`RecordHandler` is what the executors run for each
 record (through :mod:`redrive.spark.batches`), kept apart so that its routing can be
-read and tested on its own. :class:`Routing` says where results, retries and dead
+read and tested on its own. :class:`Destinations` says where results, retries and dead
 letters go; what a failure becomes is the failure router's decision
 (:mod:`redrive.router`), the same as in the Python consumer.
 """
@@ -44,7 +44,7 @@ retry_topic = per_group_retry_topic
 
 
 @dataclass(frozen=True)
-class Routing:
+class Destinations:
     """Where the outcomes of the handler go. Validated when built.
 
     ``dead_letters="service"`` sends dead letters to ``requests_topic`` with
@@ -101,7 +101,7 @@ class RecordHandler:
 
     handler: Handler
     policy: Policy
-    routing: Routing
+    destinations: Destinations
     clock: Clock = field(default=now_ms, compare=False)
 
     def __call__(self, record: SourceRecord) -> OutputRecord | None:
@@ -114,7 +114,7 @@ class RecordHandler:
             return self.failed(record, delivery, user_headers, attempt, error)
         if result is None:
             return None
-        return OutputRecord(self.routing.output_topic, record.key, result, user_headers)
+        return OutputRecord(self.destinations.output_topic, record.key, result, user_headers)
 
     def delivery(self, headers: list[Header]) -> tuple[RetryHeaders | None, list[Header], int]:
         """What a record's headers say: its retry headers (None on a first delivery, or
@@ -122,7 +122,7 @@ class RecordHandler:
         # Most records carry no redrive header: skip the contract parsing for them.
         if not any(is_redrive_header(name) for name, _ in headers):
             return None, list(headers), 1
-        delivery = read_delivery(headers, self.routing.group)
+        delivery = read_delivery(headers, self.destinations.group)
         user_headers = [(n, v) for n, v in headers if not is_redrive_header(n)]
         return delivery, user_headers, delivery.attempt + 1 if delivery is not None else 1
 
@@ -150,13 +150,13 @@ class RecordHandler:
         home = record.topic
         if delivery is not None and delivery.original_topic:
             home = delivery.original_topic
-        routing = self.routing
-        destination = routing.retry_destination(home)
-        outcome = Router(self.policy, routing.group, self.clock).route(
+        destinations = self.destinations
+        destination = destinations.retry_destination(home)
+        outcome = Router(self.policy, destinations.group, self.clock).route(
             failure,
             error,
-            retry_to=RetryTarget.through(routing.requests_topic, destination, failure),
-            dead_letters=routing.dead_letter_topic(home),
+            retry_to=RetryTarget.through(destinations.requests_topic, destination, failure),
+            dead_letters=destinations.dead_letter_topic(home),
             home=home,
         )
         if isinstance(outcome, DeadLettered):

@@ -1,0 +1,278 @@
+"""What becomes of a record once its handler ran, or once it cannot reach it: the
+pipeline's last step, shared by the sync, async and batch runners.
+
+Invariant: a success is counted, remembered when it was a redelivery (a repeat of it
+is skipped), and its key's queue released; a failure is routed by the failure router
+(``route.router``, :mod:`redrive.router`) and carried out: its retry handed off (or
+waited for in place) or its dead letter written, counted once under way, its hooks
+called; a hand-off of a redelivered record is remembered too (a repeat would hand the
+same off twice). The route's breaker and key order hear of every outcome through its
+:class:`~redrive.consumer.steps.Steps`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from redrive.consumer.message import Message
+from redrive.consumer.metrics import ConsumerMetrics
+from redrive.consumer.offsets import Partition
+from redrive.consumer.publisher import Publisher
+from redrive.consumer.repeats import RecentIds
+from redrive.consumer.routes import Route
+from redrive.consumer.settings import Hooks
+from redrive.consumer.steps import Steps
+from redrive.consumer.strategies import Wait
+from redrive.headers import RetryHeaders
+from redrive.router import DeadLettered, FailedRecord, Retried
+
+log = structlog.get_logger("redrive.consumer")
+
+
+@dataclass(frozen=True, slots=True)
+class InPlace:
+    """A record being retried in place (blocking, pause): its failures so far."""
+
+    offset: int
+    failures: int
+    first_failure_ms: int
+
+
+class Outcomes:
+    """Carries out the outcomes of one App's records (see the module)."""
+
+    def __init__(
+        self,
+        group: str,
+        requests_topic: str,
+        publisher: Publisher,
+        metrics: ConsumerMetrics,
+        hooks: Hooks,
+        repeats: RecentIds,
+        transactional: bool,
+    ) -> None:
+        self.group = group
+        self.requests_topic = requests_topic
+        self.publisher = publisher
+        self.metrics = metrics
+        self.hooks = hooks
+        self.repeats = repeats
+        """The ids of redelivered records handled lately (:mod:`redrive.consumer.repeats`)."""
+        self.transactional = transactional
+        """Hand-offs count once the App's transaction commits (ids staged till then)."""
+        self.in_place: dict[Partition, InPlace] = {}
+        """Records retried in place, by partition; kept across a rebalance while their
+        partition's wait is parked (see :meth:`redrive.consumer.pauses.PauseBook.release`)."""
+        self.handled: dict[str, int] = {}
+        """Records handled in the current turn, by route topic (counted once a turn)."""
+
+    # ------------------------------------------------------------------ successes
+
+    def succeeded(self, steps: Steps, message: Message, state: InPlace | None) -> None:
+        """A record's handler ended well: counted, its in-place retry (if any) over, its
+        breaker told, its redelivery remembered and its key's queue released."""
+        route = steps.route
+        self.handled[route.topic] = self.handled.get(route.topic, 0) + 1
+        if message.retry is not None:
+            self.delivery_done(steps, message)
+        if state is not None:
+            self.in_place.pop((message.topic, message.partition), None)
+        if steps.circuit is not None:
+            steps.circuit.succeeded()
+
+    def batch_succeeded(
+        self, steps: Steps, messages: list[Message], failed: Mapping[int, BaseException]
+    ) -> None:
+        """A batch's handler ended: its records but the ``failed`` (by index) succeeded,
+        counted at once. (Batch routes keep no key order and have no breaker.)"""
+        for index, message in enumerate(messages):
+            if message.retry is not None and index not in failed:
+                self.remember(message)
+        handled = len(messages) - len(failed)
+        if handled:
+            topic = steps.route.topic
+            self.handled[topic] = self.handled.get(topic, 0) + handled
+
+    def delivery_done(self, steps: Steps, message: Message) -> None:
+        """A redelivered record was handled: remembered, and its key's queue released."""
+        retry = message.retry
+        if retry is not None:
+            self.remember(message)
+            if retry.order is not None:
+                self.release(steps, retry, message.key)
+
+    def remember(self, message: Message) -> None:
+        """A redelivered record was handled: a later delivery of it is a repeat (at
+        once: also one arriving before the transaction commits)."""
+        if message.retry is not None and message.retry.id is not None:
+            self.repeats.add(message.retry.id)
+            if self.transactional:
+                self.repeats.stage(message.retry.id)
+
+    def release(self, steps: Steps, delivery: RetryHeaders, key: bytes | None) -> None:
+        """The App is done with a record of a key's queue: the next may come."""
+        if steps.key_order is not None:
+            steps.key_order.release(steps.route, delivery, key)
+
+    # ------------------------------------------------------------------ failures
+
+    def failed(
+        self, steps: Steps, message: Message, error: BaseException, state: InPlace | None = None
+    ) -> Wait | None:
+        """A handled record failed with ``error``: routed and carried out; ``state``:
+        its in-place retry so far. The wait the runner must do, if any."""
+        route = steps.route
+        failure = FailedRecord(
+            message.topic,
+            message.partition,
+            message.offset,
+            message.timestamp_ms,
+            message.key,
+            message.raw_value,
+            message.headers,
+            message.retry,
+            message.attempt,
+        )
+        outcome = route.router.route(
+            failure,
+            error,
+            retry_to=route.strategy.retry_to(route, failure, self.requests_topic),
+            dead_letters=self.dead_letter_topic(route),
+            home=route.topic,
+            first_failure_ms=state.first_failure_ms if state else None,
+        )
+        log.info(
+            "handler failed",
+            topic=message.topic,
+            partition=message.partition,
+            offset=message.offset,
+            attempt=message.attempt,
+            error=safe_repr(error),
+            decision=str(outcome.decision)
+            if isinstance(outcome, DeadLettered)
+            else f"retry in {outcome.decision.delay_ms} ms",
+        )
+        # The pause strategy's breaker counts the failure, and may widen the wait.
+        circuit = steps.circuit
+        if isinstance(outcome, DeadLettered):
+            self.in_place.pop((message.topic, message.partition), None)
+            self.dead_letter(route, failure, outcome, message, error)
+            self.remember_handed_off(message.retry, done=True)
+            if message.retry is not None and message.retry.order is not None:
+                self.release(steps, message.retry, message.key)
+            return None if circuit is None else circuit.failed(outcome, None)
+        wait = self._retry(steps, failure, outcome, message, state, error)
+        return wait if circuit is None else circuit.failed(outcome, wait)
+
+    def _retry(
+        self,
+        steps: Steps,
+        failure: FailedRecord,
+        outcome: Retried,
+        message: Message,
+        state: InPlace | None,
+        error: BaseException,
+    ) -> Wait | None:
+        """Carry out a retry: hand its request off, or wait for it in place. Counted
+        once the retry is under way (a hand-off that raised is not one)."""
+        route = steps.route
+        if outcome.request is not None and outcome.target is not None:
+            request = outcome.request
+            key = failure.key
+            order = steps.key_order if key is not None else None
+            if order is not None:  # the head of its key's queue: the key's later records wait
+                request = dataclasses.replace(request, order="key")
+            self.publisher.send(
+                outcome.target.topic,
+                key=key,
+                value=failure.value,
+                user_headers=failure.headers,
+                redrive=request,
+                partition=outcome.target.partition,
+            )
+            if order is not None and key is not None:
+                order.handed_off(route, request, key, outcome.target.topic)
+            self.remember_handed_off(failure.delivery, done=False)
+        wait = route.strategy.wait(outcome.decision)
+        self.metrics.records.labels(route.topic, "retried").inc()
+        self._hook(self.hooks.on_retry, message, outcome.decision, error)
+        if wait is not None:
+            first = state.first_failure_ms if state else outcome.failed_at_ms
+            tp = (failure.topic, failure.partition)
+            self.in_place[tp] = InPlace(failure.offset, failure.attempt, first)
+        return wait
+
+    def reject(
+        self, steps: Steps, failure: FailedRecord, error: BaseException, problem: str
+    ) -> None:
+        """A record that cannot reach its handler: a dead letter, without the policy."""
+        route = steps.route
+        dead_letters = self.dead_letter_topic(route)
+        outcome = route.router.reject(
+            failure, error, problem, dead_letters=dead_letters, home=route.topic
+        )
+        self.dead_letter(route, failure, outcome, None, error)
+        self.remember_handed_off(failure.delivery, done=True)
+        if failure.delivery is not None and failure.delivery.order is not None:
+            self.release(steps, failure.delivery, failure.key)
+
+    def remember_handed_off(self, delivery: RetryHeaders | None, done: bool) -> None:
+        """A redelivered record's failure was handed off (``done``: as a dead letter,
+        else as its next retry): a later delivery of it is a repeat, which would
+        fail again and hand the same off twice. Once committed, with transactions."""
+        if delivery is None or delivery.id is None:
+            return
+        if self.transactional:
+            self.repeats.stage(delivery.id)
+        else:
+            self.repeats.add(delivery.id, done)
+
+    def dead_letter_topic(self, route: Route) -> str:
+        return self.requests_topic if route.dead_letters == "service" else route.dlq_topic
+
+    def dead_letter(
+        self,
+        route: Route,
+        failure: FailedRecord,
+        outcome: DeadLettered,
+        message: Message | None,
+        error: BaseException,
+    ) -> None:
+        self.publisher.send(
+            outcome.topic,
+            key=failure.key,
+            value=failure.value,
+            user_headers=failure.headers,
+            redrive=outcome.headers,
+        )
+        self.metrics.records.labels(route.topic, "dead_lettered").inc()
+        log.warning(
+            "dead-lettered",
+            topic=failure.topic,
+            partition=failure.partition,
+            offset=failure.offset,
+            to=outcome.topic,
+            reason=outcome.decision.text,
+        )
+        self._hook(self.hooks.on_dead_letter, message, outcome.decision, error)
+
+    def _hook(self, hook: Callable[..., None] | None, *args: Any) -> None:
+        if hook is None:
+            return
+        try:
+            hook(*args)
+        except Exception:
+            log.exception("hook failed", hook=getattr(hook, "__name__", repr(hook)))
+
+
+def safe_repr(value: object, limit: int | None = 200) -> str:
+    """repr() for logs and reasons, which a broken __repr__ must not turn into a crash."""
+    try:
+        return repr(value)[:limit]
+    except Exception:  # noqa: BLE001 - any failure of user code in __repr__
+        return f"<unprintable {type(value).__name__}>"

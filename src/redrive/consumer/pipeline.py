@@ -1,0 +1,258 @@
+"""One record's way through the App: the per-record pipeline of its route.
+
+decode (headers, value) → repeat filter → tier wait → the route's gates (key order,
+breaker: :mod:`redrive.consumer.steps`) → its handler → its outcome
+(:mod:`redrive.consumer.outcomes`). The sync loop runs it whole (:meth:`process`);
+the async and batch runners run the same steps around their own handler calls
+(:meth:`prepare`, :meth:`gate`, then :attr:`outcomes`).
+
+Invariant: :meth:`Pipeline.process` deals with every record it is given. It returns
+None once the record is dealt with (handled; its retry handed to Kafka; dead-lettered;
+put behind its key; a repeat skipped), or a :class:`Wait` for a record to handle again
+at the same offset later (a retry in place, a tier record not due yet, a breaker).
+
+No record stops the loop: a record whose headers cannot be read, or whose value does
+not deserialize, is a dead letter with its raw key and value; any other exception of
+redrive's own on a record is turned into one by :meth:`Pipeline.unprocessable`. Only
+a hand-off the producer refuses for good stops the App, uncommitted (nothing is lost).
+
+The success path is the hot path: per record only the header read, the handler call
+and a few dict operations; a route without gates runs an empty tuple; counts are kept
+per turn (:attr:`Outcomes.handled`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+
+import structlog
+from confluent_kafka import Message as KafkaMessage
+
+from redrive.consumer.errors import (
+    DeserializationError,
+    UnprocessableRecordError,
+    UnreadableHeadersError,
+)
+from redrive.consumer.handlers import refuse_awaitable
+from redrive.consumer.message import Message
+from redrive.consumer.outcomes import InPlace, Outcomes, safe_repr
+from redrive.consumer.routes import Kind, Route
+from redrive.consumer.steps import DealtWith, Steps
+from redrive.consumer.strategies import Wait
+from redrive.consumer.strategies.pause import Breakers
+from redrive.headers import Header, RetryHeaders, is_redrive_header
+from redrive.kafka import message_time, read_headers
+from redrive.router import FailedRecord, read_delivery
+
+log = structlog.get_logger("redrive.consumer")
+
+Read = tuple[Steps, Kind]
+"""What a topic is read for: its route's steps, and which of the route's topics it is."""
+
+
+class Pipeline:
+    """The records of one App (see the module)."""
+
+    def __init__(
+        self,
+        group: str,
+        reads: Mapping[str, tuple[Route, Kind]],
+        steps: Mapping[str, Steps],
+        outcomes: Outcomes,
+        breakers: Breakers,
+    ) -> None:
+        self.group = group
+        self.reads: dict[str, Read] = {
+            topic: (steps[route.topic], kind) for topic, (route, kind) in reads.items()
+        }
+        self.outcomes = outcomes
+        self.breakers = breakers
+        """The pause handlers' circuit breakers (the loop ticks them each turn)."""
+        self.in_place = outcomes.in_place
+        self.handled = outcomes.handled
+
+    def process(self, record: KafkaMessage, topic: str, partition: int, offset: int) -> Wait | None:
+        """Deal with one record; None when it is dealt with, else how long to wait."""
+        steps, kind = self.reads[topic]
+        message = self.prepare(steps, kind, record, topic, partition, offset)
+        if not isinstance(message, Message):
+            return message  # dealt with before its handler (a dead letter), or waiting
+        for gate in steps.gates:  # none for most routes
+            stop = gate(message)
+            if stop is not None:
+                return None if isinstance(stop, DealtWith) else stop
+        state = self.in_place.get((topic, partition)) if self.in_place else None
+        if state is not None and state.offset != offset:
+            state = None
+        route = steps.route
+        try:
+            result = route.handler(message)
+        except Exception as exc:  # noqa: BLE001 - the handler's failure is what we handle
+            return self.outcomes.failed(steps, message, exc, state)
+        if result is not None and inspect.isawaitable(result):
+            # An async function behind a plain one: its body never ran.
+            return self.outcomes.failed(steps, message, refuse_awaitable(result), state)
+        # Outcomes.succeeded, inline: the hot path.
+        handled = self.handled
+        handled[route.topic] = handled.get(route.topic, 0) + 1
+        if message.retry is not None:
+            self.outcomes.delivery_done(steps, message)
+        if state is not None:
+            del self.in_place[(topic, partition)]
+        if steps.circuit is not None:
+            steps.circuit.succeeded()
+        return None
+
+    def gate(self, steps: Steps, message: Message) -> Wait | DealtWith | None:
+        """The route's gates for a record read already (async runners): None lets it
+        reach its handler."""
+        for gate in steps.gates:
+            stop = gate(message)
+            if stop is not None:
+                return stop
+        return None
+
+    def state_of(self, topic: str, partition: int, offset: int) -> InPlace | None:
+        """The in-place retry state of the record at ``offset``, if it is being retried
+        in place (blocking, pause)."""
+        state = self.in_place.get((topic, partition)) if self.in_place else None
+        return state if state is not None and state.offset == offset else None
+
+    def prepare(
+        self,
+        steps: Steps,
+        kind: Kind,
+        record: KafkaMessage,
+        topic: str,
+        partition: int,
+        offset: int,
+    ) -> Message | Wait | None:
+        """A record up to its gates: the Message to hand it (single or in a batch),
+        None when it is dealt with already (unreadable headers, a repeat, a value that
+        does not deserialize: a dead letter), or a Wait (a tier record not due yet)."""
+        headers, unreadable = read_headers(record)
+        delivery = None
+        user_headers = headers
+        if headers and any(is_redrive_header(name) for name, _ in headers):
+            delivery = read_delivery(headers, self.group)
+            user_headers = [(k, v) for k, v in headers if not is_redrive_header(k)]
+        if unreadable is not None:
+            attempt = delivery.attempt + 1 if delivery else 1
+            failure = _failure(record, topic, partition, offset, user_headers, delivery, attempt)
+            error = UnreadableHeadersError(unreadable)
+            self.outcomes.reject(steps, failure, error, unreadable)
+            return None
+        if delivery is not None:
+            if delivery.id is not None and delivery.id in self.outcomes.repeats:
+                self._skip_repeat(steps, delivery, delivery.id, record, (topic, partition, offset))
+                return None
+            if kind != "source":  # a tier record may not be due yet
+                wait = steps.route.strategy.wait_until_due(
+                    steps.route, topic, partition, offset, delivery
+                )
+                if wait is not None:
+                    return wait
+        state = self.in_place.get((topic, partition)) if self.in_place else None
+        if state is not None and state.offset != offset:
+            state = None
+        failures = state.failures if state else (delivery.attempt if delivery else 0)
+        raw_value = record.value()
+        deserialize = steps.route.value_deserializer
+        try:
+            # A tombstone (no value) reaches the handler as None, not through the deserializer.
+            value = (
+                raw_value if deserialize is None or raw_value is None else deserialize(raw_value)
+            )
+        except Exception as exc:  # noqa: BLE001 - any deserializer failure is the record's
+            shown = safe_repr(exc, limit=None)
+            problem = DeserializationError(f"cannot deserialize: {shown}")
+            problem.__cause__ = exc
+            failure = _failure(
+                record, topic, partition, offset, user_headers, delivery, failures + 1
+            )
+            self.outcomes.reject(steps, failure, problem, f"value cannot be deserialized ({shown})")
+            return None
+        stamp_type, stamp = record.timestamp()  # _timestamp(record), without a call
+        return Message(
+            topic,
+            partition,
+            offset,
+            record.key(),
+            value,
+            raw_value,
+            user_headers,
+            stamp if stamp_type and stamp >= 0 else None,
+            failures + 1,
+            delivery,
+        )
+
+    def _skip_repeat(
+        self,
+        steps: Steps,
+        delivery: RetryHeaders,
+        redrive_id: str,
+        record: KafkaMessage,
+        read_at: tuple[str, int, int],
+    ) -> None:
+        """A redelivery handled already (:mod:`redrive.consumer.repeats`): skipped."""
+        topic, partition, offset = read_at
+        self.outcomes.metrics.records.labels(steps.route.topic, "repeat_skipped").inc()
+        log.info(
+            "repeat delivery skipped: handled already",
+            topic=topic,
+            partition=partition,
+            offset=offset,
+            redrive_id=redrive_id,
+        )
+        # Released again if it left its queue: the first release may be lost.
+        if delivery.order is not None and self.outcomes.repeats.left_queue(redrive_id):
+            self.outcomes.release(steps, delivery, record.key())
+
+    def unprocessable(
+        self, record: KafkaMessage, topic: str, partition: int, offset: int, cause: Exception
+    ) -> None:
+        """redrive failed on a record (a bug, or input no check foresaw): a dead letter
+        built from the record alone, so that the consumer goes on. Should even that
+        fail (the producer refuses it), the error stops the loop, uncommitted."""
+        log.exception(
+            "cannot process record; dead-lettering it",
+            topic=topic,
+            partition=partition,
+            offset=offset,
+        )
+        self.in_place.pop((topic, partition), None)
+        steps, _ = self.reads[topic]
+        if steps.circuit is not None:
+            steps.circuit.released()  # not a probe's outcome
+        readable = read_headers(record)[0]
+        headers = [(k, v) for k, v in readable if not is_redrive_header(k)]
+        shown = safe_repr(cause)
+        error = UnprocessableRecordError(f"redrive could not process this record: {shown}")
+        error.__cause__ = cause
+        problem = f"redrive could not process this record ({shown})"
+        failure = _failure(record, topic, partition, offset, headers, None, 1)
+        self.outcomes.reject(steps, failure, error, problem)
+
+
+def _failure(
+    record: KafkaMessage,
+    topic: str,
+    partition: int,
+    offset: int,
+    headers: list[Header],
+    delivery: RetryHeaders | None,
+    attempt: int,
+) -> FailedRecord:
+    """A record that did not reach its handler, as the router takes it."""
+    return FailedRecord(
+        topic,
+        partition,
+        offset,
+        message_time(record),
+        record.key(),
+        record.value(),
+        headers,
+        delivery,
+        attempt,
+    )

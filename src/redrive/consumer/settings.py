@@ -1,0 +1,62 @@
+"""An App's settings, checked once when the App is made, as one value.
+
+What a run needs of the App besides its routes (:mod:`redrive.consumer.session`
+takes this, not the App): Kafka's settings merged once, how the loop polls and
+commits, the hooks. Frozen: a running session never sees them change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from redrive.consumer.message import Message
+from redrive.consumer.strategies.pause import BreakerHook
+from redrive.partitioners import Partitioner
+from redrive.policy import DeadLetter, Retry
+
+RetryHook = Callable[[Message, Retry, BaseException], None]
+DeadLetterHook = Callable[[Message | None, DeadLetter, BaseException], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Hooks:
+    """The user's callbacks on each decision (a hook that raises is logged)."""
+
+    on_retry: RetryHook | None = None
+    on_dead_letter: DeadLetterHook | None = None
+    on_breaker: BreakerHook | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Polling:
+    """How the loop turns: records per poll, the longest wait of a poll, how often
+    offsets are committed, and the bound of async records in flight."""
+
+    max_poll_records: int
+    poll_timeout_s: float
+    commit_interval_s: float
+    max_in_flight: int
+
+
+@dataclass(frozen=True, slots=True)
+class AppSettings:
+    bootstrap: str
+    group: str
+    kafka: Mapping[str, Any]
+    """librdkafka settings of the consumer and the producer alike."""
+    consumer_kafka: Mapping[str, Any]
+    """librdkafka settings of the consumer only (static membership included)."""
+    instance_id: str | None
+    requests_topic: str
+    partitioner: Partitioner
+    transactional: bool
+    repeat_window: int
+    polling: Polling
+    hooks: Hooks
+    consumer_config: Mapping[str, Any] = field(init=False)
+    """The consumer's settings as librdkafka gets them (``kafka`` then ``consumer_kafka``)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "consumer_config", {**self.kafka, **self.consumer_kafka})
