@@ -10,6 +10,7 @@ from redrive.consumer import (
     Pause,
     RetryTopic,
     Service,
+    ShareApp,
     Topics,
 )
 from redrive.policy import FatalError, Policy, RetryableError, policy
@@ -29,6 +30,7 @@ __all__ = [
     "RetryTopic",
     "RetryableError",
     "Service",
+    "ShareApp",
     "Topics",
     "__version__",
     "policy",

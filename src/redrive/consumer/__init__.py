@@ -10,6 +10,7 @@ from redrive.consumer.breaker import Breaker, BreakerState
 from redrive.consumer.errors import BatchFailed, InvalidBatchFailureError
 from redrive.consumer.handlers import AsyncHandlerError
 from redrive.consumer.message import Message
+from redrive.consumer.share import ShareApp
 from redrive.consumer.strategies import Blocking, Pause, RetryTopic, Service, Topics
 
 __all__ = [
@@ -25,6 +26,7 @@ __all__ = [
     "Pause",
     "RetryTopic",
     "Service",
+    "ShareApp",
     "Topics",
     "UnprocessableRecordError",
     "UnreadableHeadersError",

@@ -23,11 +23,7 @@ and value and the reason, and the loop goes on past it.
 from __future__ import annotations
 
 import os
-import signal
-import threading
-import time
 from collections.abc import Mapping
-from types import FrameType
 from typing import Any
 
 import structlog
@@ -41,14 +37,14 @@ from redrive.consumer.errors import (
     UnprocessableRecordError,
     UnreadableHeadersError,
 )
-from redrive.consumer.loop_health import loop_health, max_poll_interval_ms
+from redrive.consumer.loop_health import max_poll_interval_ms
 from redrive.consumer.metrics import ConsumerMetrics
-from redrive.consumer.metrics_server import Health, MetricsServer, check_host, check_port
 from redrive.consumer.registry import Registry
 from redrive.consumer.repeats import DEFAULT_REPEAT_WINDOW, checked_window
 from redrive.consumer.routes import (
     HandlerOptions,
 )
+from redrive.consumer.running import Running
 from redrive.consumer.session import Session
 from redrive.consumer.settings import AppSettings, DeadLetterHook, Hooks, Polling, RetryHook
 from redrive.consumer.strategies.pause import BreakerHook
@@ -68,7 +64,7 @@ __all__ = [
 log = structlog.get_logger("redrive.consumer")
 
 
-class App(Registry):
+class App(Registry, Running):
     """A Kafka consumer whose failed records come back when due.
 
     ``bootstrap`` defaults to REDRIVE_BOOTSTRAP, else ``localhost:9092``. ``kafka``
@@ -159,49 +155,17 @@ class App(Registry):
             ),
             hooks=Hooks(on_retry, on_dead_letter, on_breaker),
         )
-        super().__init__(settings)
-        self.metrics = ConsumerMetrics(registry)
-        self.metrics_port = check_port(metrics_port)
-        self.metrics_host = check_host(metrics_host)
-        self._metrics_server: MetricsServer | None = None
-        # What health() judges, written by the loop's thread only.
-        self._looping = False
-        self._last_turn: float | None = None  # time.monotonic() the loop last polled
-        self._loop_error: str | None = None
-        self._stop = threading.Event()
-        self.running = threading.Event()
+        Registry.__init__(self, settings)
+        Running.__init__(self, ConsumerMetrics(registry), metrics_port, metrics_host)
         self._session: Session | None = None
 
     # ------------------------------------------------------------------ running
 
-    def stop(self) -> None:
-        """Ask the loop to finish its current record, commit and return (thread-safe)."""
-        self._stop.set()
-
-    def run(self, *, install_signal_handlers: bool = True) -> None:
-        """Consume until :meth:`stop`, SIGTERM or SIGINT; commits what was dealt with.
-
-        With ``metrics_port``, serves ``/metrics`` and ``/healthz`` from before the
-        first poll until this returns (or raises): the port is closed by then."""
+    def _check_ready(self) -> None:
         if not self.routes:
             raise ConfigError("handlers", "no handler registered", "use @app.handler(topic)")
-        self._looping, self._last_turn, self._loop_error = False, None, None
-        if self.metrics_port is not None:
-            # Before Kafka: a port in use stops start-up before anything is consumed.
-            self._metrics_server = MetricsServer(
-                self.metrics.registry, self.health, self.metrics_host, self.metrics_port
-            )
-        try:
-            self._consume(install_signal_handlers)
-        finally:
-            if self._metrics_server is not None:
-                self._metrics_server.close()
-                self._metrics_server = None
 
-    def _consume(self, install_signal_handlers: bool) -> None:
-        if install_signal_handlers and threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, self._on_signal)
+    def _consume(self) -> None:
         session = Session(
             self.settings, self.routes, self._reads, self._batched, self.metrics, self._stop
         )
@@ -209,55 +173,18 @@ class App(Registry):
         # Through the App's methods, looked up now: what watches rebalances wraps them.
         session.subscribe((self._on_assign, self._on_revoke, self._on_lost))
         log.info("consumer started", group=self.group, topics=sorted(self._reads))
-        self.running.set()
-        self._last_turn = time.monotonic()
-        self._looping = True
         try:
-            while not self._stop.is_set():
-                turn = time.monotonic()
-                if self._poll_once():  # health: a turn that could not poll does not count
-                    self._last_turn = turn
-                session.upkeep()
+            self._loop(self._poll_once, session.upkeep)
             session.finish()
-        except BaseException as exc:
-            self._loop_error = f"{type(exc).__name__}: {exc}"
-            raise
         finally:
-            self._looping = False
             self._shutdown()
 
-    # ------------------------------------------------------------------ health, metrics URL
-
-    @property
-    def metrics_url(self) -> str | None:
-        """``http://host:port/metrics`` while the metrics server runs, else None."""
-        server = self._metrics_server
-        return None if server is None else server.url("/metrics")
-
-    @property
-    def health_url(self) -> str | None:
-        """``http://host:port/healthz`` while the metrics server runs, else None."""
-        server = self._metrics_server
-        return None if server is None else server.url("/healthz")
-
-    def health(self, now: float | None = None) -> Health:
-        """What ``/healthz`` answers (:mod:`redrive.consumer.loop_health`: the loop runs
-        and polls). ``now`` is a ``time.monotonic()`` reading (tests pass a later one)."""
+    def _assigned(self) -> int:
         session = self._session
-        return loop_health(
-            group=self.group,
-            assigned=len(session.assignment.assigned) if session else 0,
-            looping=self._looping,
-            loop_error=self._loop_error,
-            stopping=self._stop.is_set(),
-            last_turn=self._last_turn,
-            now=time.monotonic() if now is None else now,
-            limit_ms=max_poll_interval_ms(self.settings.consumer_config),
-        )
+        return len(session.assignment.assigned) if session else 0
 
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        log.info("signal received; stopping", signal=signal.Signals(signum).name)
-        self._stop.set()
+    def _poll_limit_ms(self) -> float:
+        return max_poll_interval_ms(self.settings.consumer_config)
 
     def _poll_once(self) -> bool:
         assert self._session is not None

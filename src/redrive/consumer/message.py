@@ -31,6 +31,9 @@ class Message:
     attempt: int
     retry: RetryHeaders | None
     """The redrive headers of a redelivered record (None on a first delivery)."""
+    delivery_count: int | None = None
+    """On a share group (:mod:`redrive.consumer.share`): how many times the broker has
+    delivered this copy of the record (1 the first time); None on a consumer group."""
 
     @property
     def original_topic(self) -> str:

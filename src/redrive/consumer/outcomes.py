@@ -146,14 +146,10 @@ class Outcomes:
             home=route.topic,
             first_failure_ms=state.first_failure_ms if state else None,
         )
-        log.info(
-            "handler failed",
-            topic=message.topic,
-            partition=message.partition,
-            offset=message.offset,
-            attempt=message.attempt,
-            error=safe_repr(error),
-            decision=str(outcome.decision)
+        self.log_failure(
+            message,
+            error,
+            str(outcome.decision)
             if isinstance(outcome, DeadLettered)
             else f"retry in {outcome.decision.delay_ms} ms",
         )
@@ -168,6 +164,17 @@ class Outcomes:
             return None if circuit is None else circuit.failed(outcome, None)
         wait = self._retry(steps, failure, outcome, message, state, error)
         return wait if circuit is None else circuit.failed(outcome, wait)
+
+    def log_failure(self, message: Message, error: BaseException, decision: str) -> None:
+        log.info(
+            "handler failed",
+            topic=message.topic,
+            partition=message.partition,
+            offset=message.offset,
+            attempt=message.attempt,
+            error=safe_repr(error),
+            decision=decision,
+        )
 
     def _retry(
         self,
@@ -200,7 +207,7 @@ class Outcomes:
             self.remember_handed_off(failure.delivery, done=False)
         wait = route.strategy.wait(outcome.decision)
         self.metrics.records.labels(route.topic, "retried").inc()
-        self._hook(self.hooks.on_retry, message, outcome.decision, error)
+        self.call_hook(self.hooks.on_retry, message, outcome.decision, error)
         if wait is not None:
             first = state.first_failure_ms if state else outcome.failed_at_ms
             tp = (failure.topic, failure.partition)
@@ -259,9 +266,9 @@ class Outcomes:
             to=outcome.topic,
             reason=outcome.decision.text,
         )
-        self._hook(self.hooks.on_dead_letter, message, outcome.decision, error)
+        self.call_hook(self.hooks.on_dead_letter, message, outcome.decision, error)
 
-    def _hook(self, hook: Callable[..., None] | None, *args: Any) -> None:
+    def call_hook(self, hook: Callable[..., None] | None, *args: Any) -> None:
         if hook is None:
             return
         try:

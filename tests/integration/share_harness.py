@@ -1,0 +1,67 @@
+"""Share groups in tests: a group that reads from the start, and what handlers saw."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
+from confluent_kafka.admin._resource import ResourceType
+
+from redrive import Message
+
+
+def read_from_start(bootstrap: str, group: str) -> None:
+    """``share.auto.offset.reset=earliest`` for the group (a share group starts at the
+    end of its topics unless told)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    entry = ConfigEntry(
+        "share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET
+    )
+    resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=[entry])
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(30)
+
+
+@dataclass(frozen=True)
+class Call:
+    consumer: str
+    value: bytes
+    attempt: int
+    delivery_count: int | None
+    retry_at: int | None
+    at_ms: int
+
+
+@dataclass
+class Calls:
+    """Each handler call of every consumer, in the order they began."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    items: list[Call] = field(default_factory=list)
+
+    def add(self, consumer: str, message: Message) -> None:
+        call = Call(
+            consumer,
+            message.raw_value or b"",
+            message.attempt,
+            message.delivery_count,
+            message.retry.retry_at if message.retry is not None else None,
+            int(time.time() * 1000),
+        )
+        with self.lock:
+            self.items.append(call)
+
+    def by_value(self) -> dict[bytes, list[Call]]:
+        with self.lock:
+            found: dict[bytes, list[Call]] = defaultdict(list)
+            for call in self.items:
+                found[call.value].append(call)
+            return found
+
+    def consumers(self) -> set[str]:
+        with self.lock:
+            return {call.consumer for call in self.items}
