@@ -14,14 +14,18 @@ from confluent_kafka.admin._resource import ResourceType
 from redrive import Message
 
 
-def read_from_start(bootstrap: str, group: str) -> None:
+def read_from_start(bootstrap: str, group: str, lock_ms: int | None = None) -> None:
     """``share.auto.offset.reset=earliest`` for the group (a share group starts at the
-    end of its topics unless told)."""
+    end of its topics unless told); ``lock_ms``: its records' acquisition lock."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    entry = ConfigEntry(
-        "share.auto.offset.reset", "earliest", incremental_operation=AlterConfigOpType.SET
-    )
-    resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=[entry])
+    settings = {"share.auto.offset.reset": "earliest"}
+    if lock_ms is not None:
+        settings["share.record.lock.duration.ms"] = str(lock_ms)
+    entries = [
+        ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)
+        for name, value in settings.items()
+    ]
+    resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=entries)
     for future in admin.incremental_alter_configs([resource]).values():
         future.result(30)
 

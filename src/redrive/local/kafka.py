@@ -114,6 +114,9 @@ class LocalKafka(LocalServer):
             # Share groups keep their state in an internal topic: one broker, one replica.
             "share.coordinator.state.topic.replication.factor": "1",
             "share.coordinator.state.topic.min.isr": "1",
+            # A share group may set a lock as short as a second (Kafka's floor is 15 s):
+            # tests of what happens when a lock runs out need not wait that long.
+            "group.share.min.record.lock.duration.ms": "1000",
             # A share group's dead-letter topic (its group config
             # errors.deadletterqueue.topic.name, named with the broker's prefix, "dlq." by
             # default) is created on first use, as any topic is on this broker.
