@@ -42,7 +42,6 @@ from redrive.service.web.params import (
     plural,
     query,
 )
-from redrive.service.web.representations import replay_job_view
 from redrive.service.web.templating import Pages
 
 NEEDS_OPERATOR = "This action needs an operator token: sign in with an operator token."
@@ -220,18 +219,17 @@ def _replay_many(p: Posted, body: dict[str, Any], back: str) -> Response:
         started = p.actions.replay_many(p.who, replay)
     except REFUSALS as exc:
         return p.redirect(back, "error", f"Replay refused: {explain(exc)}")
-    job = replay_job_view(started["job"])
+    job = started.job
     text = (
-        f"Replay job {job['id']} started: {plural(job['total'], 'dead letter')} "
-        f"at {per_second(job['rate'])}."
+        f"Replay job {job.id} started: {plural(job.total, 'dead letter')} "
+        f"at {per_second(job.rate)}."
     )
-    if started["remaining"]:
+    if started.remaining:
         # Replaying again now would pick the letters this job still has to send.
         text += (
-            f" {started['remaining']:,} more match: replay again for the rest once this job "
-            "is done."
+            f" {started.remaining:,} more match: replay again for the rest once this job is done."
         )
-    return p.redirect(f"/jobs/{job['id']}", "ok", text)
+    return p.redirect(f"/jobs/{job.id}", "ok", text)
 
 
 @form_action("/dead-letters/{letter_id:int}/replay")
@@ -247,7 +245,7 @@ def replay(p: Posted) -> Response:
         raw_value = p.form.get("value")
         value = raw_value if isinstance(raw_value, str) else ""
         row = p.ops.dead_letter(letter_id)
-        original = row["msg_value"] if row else None
+        original = row.msg_value if row else None
         # Browsers send a textarea's line breaks as CRLF: keep the original's style.
         if original is None or b"\r\n" not in original:
             value = value.replace("\r\n", "\n")
@@ -306,10 +304,10 @@ def cancel_job(p: Posted) -> Response:
         )
         return p.confirm(question, "Cancel job", here, danger=True)
     try:
-        job = p.actions.cancel_replay_job(p.who, job_id)["job"]
+        job = p.actions.cancel_replay_job(p.who, job_id)
     except REFUSALS as exc:
         return p.redirect(here, "error", f"Cancel refused: {explain(exc)}")
-    unsent = plural(int(job["cancelled"]), "dead letter")
+    unsent = plural(job.cancelled, "dead letter")
     return p.redirect(here, "ok", f"Replay job {job_id} cancelled: {unsent} not sent (kept).")
 
 

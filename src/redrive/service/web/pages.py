@@ -22,9 +22,10 @@ from redrive.headers import is_redrive_header
 from redrive.service.auth import Principal
 from redrive.service.filters import INT64_MAX, FilterError, PendingFilter, RecordQuery
 from redrive.service.operations import Operations
+from redrive.service.store import Pending, ReplayJob
 from redrive.service.web import session
 from redrive.service.web.charts import breakdown, chart
-from redrive.service.web.deps import Ops, PagesDep, Settings, TokenBook
+from redrive.service.web.deps import Ops, PagesDep, Settings, StoreDep, TokenBook
 from redrive.service.web.formatting import payload_view
 from redrive.service.web.params import (
     FILTER_FIELDS,
@@ -95,13 +96,9 @@ def story_url(topic: str | None, partition: int | None, offset: int | None) -> s
     return "/records" + query(topic=topic, partition=part, offset=str(offset))
 
 
-def _with_story(row: dict[str, Any], shown: dict[str, Any]) -> dict[str, Any]:
+def _with_story(row: Pending, shown: dict[str, Any]) -> dict[str, Any]:
     """A pending retry as shown, with its record's coordinates and story link."""
-    topic, partition, offset = (
-        row["original_topic"],
-        row["original_partition"],
-        row["original_offset"],
-    )
+    topic, partition, offset = row.original_topic, row.original_partition, row.original_offset
     return {
         **shown,
         "original": {"topic": topic, "partition": partition, "offset": offset},
@@ -110,9 +107,9 @@ def _with_story(row: dict[str, Any], shown: dict[str, Any]) -> dict[str, Any]:
 
 
 @router.get("/", response_class=HTMLResponse)
-def overview(request: Request, who: Reader, pages: PagesDep, ops: Ops) -> Response:
+def overview(request: Request, who: Reader, pages: PagesDep, store: StoreDep) -> Response:
     stats = pages.stats.get(fresh=True)
-    series = ops.rates(60)
+    series = store.rates(60)
     dead, pending = stats["dead_letters"], stats["pending"]
     return pages.render(
         request,
@@ -176,7 +173,7 @@ def pending_queue(
     except FilterError as exc:
         error = explain(exc)
         found = ops.pending_queue(pending_id, limit=PAGE_SIZE)
-    if found is None or found[0]["order_queue"] is None:
+    if found is None or found[0].order_queue is None:
         text = (
             f"Pending retry {pending_id} does not exist: it was delivered or cancelled."
             if found is None
@@ -413,7 +410,7 @@ def _filter_fields(flt: dict[str, Any]) -> dict[str, str]:
     return raw
 
 
-def _job(row: dict[str, Any]) -> dict[str, Any]:
+def _job(row: ReplayJob) -> dict[str, Any]:
     """A job as the pages show it: the API's view, with its selection in words."""
     job = replay_job_view(row)
     flt = job["filter"]
@@ -433,7 +430,7 @@ def _job(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _replay_job(ops: Operations, job_id: int) -> dict[str, Any] | None:
+def _replay_job(ops: Operations, job_id: int) -> ReplayJob | None:
     # A bigserial id; anything else is no job (PostgreSQL would refuse it).
     return ops.replay_job(job_id) if 1 <= job_id <= INT64_MAX else None
 
