@@ -60,6 +60,7 @@ from redrive.service.store.read_models import (
     Pending,
     ReplayJob,
     Step,
+    StoredMessage,
 )
 from redrive.service.store.replay_jobs import JobOverlap, Placed, ReplayJobStore
 from redrive.service.store.rows import Row
@@ -89,6 +90,7 @@ __all__ = [
     "Store",
     "StoreUnavailable",
     "Stored",
+    "StoredMessage",
 ]
 
 

@@ -35,19 +35,27 @@ class ByName:
 
 
 @dataclass(frozen=True, slots=True)
-class DeadLetter(ByName):
-    """A dead letter: the message, where it was first consumed, why it died."""
+class StoredMessage(ByName):
+    """What every stored message holds, retry or dead letter: its row's id, its key
+    and headers, the attempt that failed, and where its record was first consumed
+    (group, original topic, partition and offset)."""
 
     id: int
-    topic: str | None
     msg_key: bytes | None
-    msg_value: bytes | None
     headers: list[Header]
     attempt: int
     group_id: str | None
     original_topic: str | None
     original_partition: int | None
     original_offset: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter(StoredMessage):
+    """A dead letter: the message, where it was first consumed, why it died."""
+
+    topic: str | None
+    msg_value: bytes | None
     original_timestamp: int | None
     error_type: str | None
     error_message: str | None
@@ -62,25 +70,17 @@ class DeadLetter(ByName):
 
 
 @dataclass(frozen=True, slots=True)
-class Pending(ByName):
+class Pending(StoredMessage):
     """A pending retry as read (a :class:`redrive.records.PendingRetry` is one to
     store), with its key queue's facts when it keeps its key's order (``order_queue``
     set): the queue's head and length, and this row's place in it (0: the head) when
     the read counted it (None: not counted)."""
 
-    id: int
     due_ms: int
     destination: str
     dest_partition: int | None
-    msg_key: bytes | None
     msg_value: bytes | None
-    headers: list[Header]
-    attempt: int
-    group_id: str | None
     deadline_ms: int | None
-    original_topic: str | None
-    original_partition: int | None
-    original_offset: int | None
     request_topic: str | None
     request_partition: int | None
     request_offset: int | None
@@ -94,21 +94,13 @@ class Pending(ByName):
 
 
 @dataclass(frozen=True, slots=True)
-class Step(ByName):
+class Step(StoredMessage):
     """One step of a record's story, from any of the three tables: ``kind`` is
     "pending", "delivered" or "dead"; ``ended_at`` when it was delivered or died;
     the reason and error only for a dead letter (a retry's are in its headers)."""
 
     kind: str
-    id: int
     topic: str | None
-    msg_key: bytes | None
-    headers: list[Header]
-    attempt: int
-    group_id: str | None
-    original_topic: str | None
-    original_partition: int | None
-    original_offset: int | None
     due_ms: int | None
     received_at: datetime | None
     ended_at: datetime | None

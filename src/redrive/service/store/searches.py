@@ -1,8 +1,8 @@
 """Searches of dead letters and pending retries as SQL conditions.
 
 A search is any value with the fields below (the API's filter models are); every
-field given must match (AND). The SQL is made of fixed fragments with every value
-passed as a parameter, so no search text can change a query.
+field given (not None) must match (AND). The SQL is made of fixed fragments with
+every value passed as a parameter, so no search text can change a query.
 """
 
 from __future__ import annotations
@@ -16,38 +16,25 @@ class DeadLetterSearch(Protocol):
     error message; a reason code or text found in the reason; the dead-letter topic
     it was ingested from; dead since / before a time."""
 
-    @property
-    def topic(self) -> str | None: ...
-    @property
-    def group(self) -> str | None: ...
-    @property
-    def error_type(self) -> str | None: ...
-    @property
-    def text(self) -> str | None: ...
-    @property
-    def reason(self) -> str | None: ...
-    @property
-    def source(self) -> str | None: ...
-    @property
-    def ingested_from(self) -> str | None: ...
-    @property
-    def since(self) -> datetime | None: ...
-    @property
-    def until(self) -> datetime | None: ...
+    topic: str | None
+    group: str | None
+    error_type: str | None
+    text: str | None
+    reason: str | None
+    source: str | None
+    ingested_from: str | None
+    since: datetime | None
+    until: datetime | None
 
 
 class PendingSearch(Protocol):
     """Which pending retries: exact destination and group; due from / before a time
     (epoch milliseconds)."""
 
-    @property
-    def destination(self) -> str | None: ...
-    @property
-    def group(self) -> str | None: ...
-    @property
-    def due_after_ms(self) -> int | None: ...
-    @property
-    def due_before_ms(self) -> int | None: ...
+    destination: str | None
+    group: str | None
+    due_after_ms: int | None
+    due_before_ms: int | None
 
 
 Where = tuple[str, list[Any]]
@@ -71,6 +58,11 @@ class _Clauses:
         self.sql.append(sql)
         self.params += params
 
+    def given(self, value: Any, sql: str) -> None:
+        """`sql` with `value` as its parameter, unless the value is None (not asked)."""
+        if value is not None:
+            self.add(sql, value)
+
     def where(self) -> Where:
         return (" AND ".join(self.sql) or "TRUE"), self.params
 
@@ -78,36 +70,24 @@ class _Clauses:
 def dead_letters_where(s: DeadLetterSearch) -> Where:
     """The condition on `redrive_dead_letters` that the search means."""
     c = _Clauses()
-    if s.topic is not None:
-        c.add("topic = %s", s.topic)
-    if s.group is not None:
-        c.add("group_id = %s", s.group)
-    if s.error_type is not None:
-        c.add("error_type = %s", s.error_type)
-    if s.text is not None:
-        c.add("error_message ILIKE %s", _like(s.text))
+    c.given(s.topic, "topic = %s")
+    c.given(s.group, "group_id = %s")
+    c.given(s.error_type, "error_type = %s")
+    c.given(None if s.text is None else _like(s.text), "error_message ILIKE %s")
     if s.reason is not None:
         c.add("(reason_code = %s OR reason ILIKE %s)", s.reason, _like(s.reason))
-    if s.source is not None:
-        c.add("source = %s", s.source)
-    if s.ingested_from is not None:
-        c.add("source LIKE 'ingest:%%' AND request_topic = %s", s.ingested_from)
-    if s.since is not None:
-        c.add("dead_at >= %s", s.since)
-    if s.until is not None:
-        c.add("dead_at < %s", s.until)
+    c.given(s.source, "source = %s")
+    c.given(s.ingested_from, "source LIKE 'ingest:%%' AND request_topic = %s")
+    c.given(s.since, "dead_at >= %s")
+    c.given(s.until, "dead_at < %s")
     return c.where()
 
 
 def pending_where(s: PendingSearch) -> Where:
     """The condition on `redrive_pending` that the search means."""
     c = _Clauses()
-    if s.destination is not None:
-        c.add("destination = %s", s.destination)
-    if s.group is not None:
-        c.add("group_id = %s", s.group)
-    if s.due_after_ms is not None:
-        c.add("due_ms >= %s", s.due_after_ms)
-    if s.due_before_ms is not None:
-        c.add("due_ms < %s", s.due_before_ms)
+    c.given(s.destination, "destination = %s")
+    c.given(s.group, "group_id = %s")
+    c.given(s.due_after_ms, "due_ms >= %s")
+    c.given(s.due_before_ms, "due_ms < %s")
     return c.where()

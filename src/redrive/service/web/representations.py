@@ -13,7 +13,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from redrive.service.store import AuditRecord, DeadLetter, Pending, ReplayJob
+from redrive.service.store import AuditRecord, DeadLetter, Pending, ReplayJob, StoredMessage
 
 HEX_PREVIEW_BYTES = 64 * 1024
 # A payload's JSON is shown parsed only up to this nesting: responses are serialized
@@ -80,7 +80,7 @@ def _time(value: Any) -> str | None:
     return value.isoformat() if isinstance(value, datetime) else None
 
 
-def _original(row: DeadLetter | Pending) -> dict[str, Any]:
+def _original(row: StoredMessage) -> dict[str, Any]:
     """Where the record was first consumed."""
     return {
         "topic": row.original_topic,
