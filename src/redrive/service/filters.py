@@ -127,9 +127,12 @@ FilterTime = Annotated[datetime, BeforeValidator(_iso_only), AfterValidator(_awa
 RowId = Annotated[int, Field(ge=1, le=INT64_MAX)]
 
 
+# The models' docstrings are their descriptions in the OpenAPI document. Each filter
+# is a search of the store (store/searches.py), which makes it SQL.
+
+
 class DeadLetterFilter(BaseModel):
-    """Which dead letters: every given field must match (AND). A
-    :class:`~redrive.service.store.DeadLetterSearch`."""
+    """Which dead letters: every given field must match (AND)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -166,9 +169,6 @@ class DeadLetterFilter(BaseModel):
 
 
 class PendingFilter(BaseModel):
-    """Which pending retries: every given field must match (AND). A
-    :class:`~redrive.service.store.PendingSearch`."""
-
     model_config = ConfigDict(extra="forbid")
 
     destination: StorableText | None = _text(MAX_TOPIC_LENGTH)
