@@ -178,7 +178,7 @@ class OperatorActions:
         self, who: Principal, letter_id: int, body: ReplayOne | None = None
     ) -> dict[str, Any]:
         body = body or ReplayOne()
-        row = self._ops.dead_letter(letter_id)
+        row = self._store.dead_letter_by_id(letter_id)
         if row is None:
             raise NotFound(f"no dead letter {letter_id}")
         if (live := self._store.replay_jobs.live_job_of([letter_id])) is not None:
@@ -263,7 +263,7 @@ class OperatorActions:
             },
         )
         self._wake_replay_jobs()
-        job = ops.replay_job(job_id)
+        job = self._store.replay_jobs.get(job_id, with_failures=True)
         assert job is not None
         return JobStarted(job, remaining)
 
@@ -275,7 +275,7 @@ class OperatorActions:
             raise NotFound(f"no replay job {job_id}")
         if before != "running":
             raise Conflict(f"replay job {job_id} is {before} already")
-        job = ops.replay_job(job_id)
+        job = self._store.replay_jobs.get(job_id, with_failures=True)
         assert job is not None
         ops.audit(
             actor=who.name,

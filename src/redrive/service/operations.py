@@ -3,9 +3,10 @@
 The operator side of the service where it adds to the store's typed reads (the SQL
 and the read models are in :mod:`redrive.service.store`): pages with cursors, making
 a retry due or cancelling it, stories, the audit trail. What the store answers as is
-(deleting, counting, the rates, the replay jobs' changes) is asked of the store
-directly. The web layer checks the caller's role before calling a mutating method,
-and records the action with :meth:`Operations.audit`.
+(one letter, retry or replay job by id, the ids a filter matches, counting, deleting,
+the totals and rates, the replay jobs' changes) is asked of the store directly. The
+web layer checks the caller's role before calling a mutating method, and records the
+action with :meth:`Operations.audit`.
 """
 
 from __future__ import annotations
@@ -70,21 +71,6 @@ class Operations:
         rows = self.store.find_dead_letters(flt, before_id=before_id, limit=limit + 1)
         return _page(rows, limit, _by_id)
 
-    # This and the next two, `pending_one`, `replay_job` and `stats` answer as the
-    # store does: kept because scripts and checks read them off the service's
-    # operations, as the pages and the actions do.
-
-    def dead_letter(self, letter_id: int) -> DeadLetter | None:
-        rows = self.store.dead_letters_by_id([letter_id])
-        return rows[0] if rows else None
-
-    def dead_letter_ids(self, flt: DeadLetterFilter, *, limit: int) -> list[int]:
-        """Ids a filter matches, oldest first (the order a replay sends them in)."""
-        return self.store.dead_letter_ids(flt, limit=limit)
-
-    def count_dead_letters(self, flt: DeadLetterFilter) -> int:
-        return self.store.count_dead_letters(flt)
-
     # ---------------------------------------------------------------- pending retries
 
     def pending(
@@ -98,16 +84,13 @@ class Operations:
         rows = self.store.find_pending(flt, after=after, limit=limit + 1)
         return _page(rows, limit, lambda row: (row.due_ms, row.id))
 
-    def pending_one(self, pending_id: int) -> Pending | None:
-        return self.store.pending_by_id(pending_id)
-
     def retry_now(self, pending_id: int, now_ms: int) -> bool:
         """Make a pending retry due now (the scheduler is woken through NOTIFY); False if
         it is gone. PendingHeld if it is held in its key's queue: the queue's order
         stands, an operator cancels (or makes due) its head instead."""
         made = self.store.make_due(pending_id, now_ms)
         if made == "behind":
-            row = self.pending_one(pending_id)
+            row = self.store.pending_by_id(pending_id)
             head = f" (pending retry {row.queue_head_id})" if row else ""
             raise PendingHeld(
                 f"pending retry {pending_id} waits behind its key's head{head}: a key's "
@@ -127,7 +110,7 @@ class Operations:
         """The key queue a pending retry is in, head first: the row, a page of the
         queue and the next cursor (no rows for a retry that keeps no order); None if
         the row is gone."""
-        row = self.pending_one(pending_id)
+        row = self.store.pending_by_id(pending_id)
         if row is None:
             return None
         if row.order_queue is None:
@@ -143,14 +126,14 @@ class Operations:
 
     def cancel(self, pending_id: int, actor: str) -> bool:
         """Move a pending retry to the dead letters (reason: cancelled by an operator)."""
-        before = self.pending_one(pending_id)
+        before = self.store.pending_by_id(pending_id)
         if before is None:
             return False
         reason = f"cancelled by operator {actor}"
         self.store.to_dead_letters([(pending_id, DeadLetterReason.CANCELLED, reason)])
         # Cancelling a head lets the next of its key go (key_queues.advance, which
         # wakes the schedulers).
-        return self.pending_one(pending_id) is None
+        return self.store.pending_by_id(pending_id) is None
 
     # ---------------------------------------------------------------- stories
 
@@ -169,21 +152,12 @@ class Operations:
 
     # ---------------------------------------------------------------- replay jobs
 
-    def replay_job(self, job_id: int) -> ReplayJob | None:
-        """The job with its counts (sent, failed, gone, cancelled) and refusals."""
-        return self.store.replay_jobs.get(job_id, with_failures=True)
-
     def replay_jobs(
         self, *, limit: int = 50, cursor: str | None = None
     ) -> tuple[list[ReplayJob], str | None]:
         before_id = decode_cursor(cursor, 1)[0] if cursor else None
         rows = self.store.replay_jobs.newest(before_id=before_id, limit=limit + 1)
         return _page(rows, limit, _by_id)
-
-    # ---------------------------------------------------------------- stats
-
-    def stats(self) -> dict[str, Any]:
-        return self.store.totals()
 
     # ---------------------------------------------------------------- audit
 

@@ -16,7 +16,7 @@ that (negative when the request arrived already due).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from datetime import datetime
 from itertools import groupby
 from typing import Any
@@ -104,8 +104,6 @@ def story(steps: list[Step]) -> dict[str, Any]:
     }
 
 
-def stories(steps: Iterable[Step | Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One story per record, in the order the steps come (the store sorts them). A
-    step may also be given as a mapping of its fields (as checks write them by hand)."""
-    typed = (s if isinstance(s, Step) else Step(**s) for s in steps)
-    return [story(list(group)) for _, group in groupby(typed, key=_record_of)]
+def stories(steps: Iterable[Step]) -> list[dict[str, Any]]:
+    """One story per record, in the order the steps come (the store sorts them)."""
+    return [story(list(group)) for _, group in groupby(steps, key=_record_of)]

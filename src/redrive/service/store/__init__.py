@@ -247,6 +247,11 @@ class Store:
         with self._conn() as conn:
             return dead_letters.by_ids(conn, ids)
 
+    def dead_letter_by_id(self, letter_id: int) -> DeadLetter | None:
+        """The letter of this id, or None if it is gone (replayed or deleted)."""
+        rows = self.dead_letters_by_id([letter_id])
+        return rows[0] if rows else None
+
     def dead_letter_ids(self, search: DeadLetterSearch, *, limit: int) -> list[int]:
         """Ids `search` matches, oldest first (the order a replay sends them in)."""
         with self._conn() as conn:

@@ -17,25 +17,8 @@ from typing import Any
 from redrive.headers import Header
 
 
-class ByName:
-    """Read access by field name as well (``letter["id"]``, ``job.get("state")``), as
-    the rows these values replace were read: for scripts and checks that treat a read
-    as a mapping. The service's own code reads attributes."""
-
-    __slots__ = ()
-
-    def __getitem__(self, name: str) -> Any:
-        try:
-            return getattr(self, name)
-        except AttributeError:
-            raise KeyError(name) from None
-
-    def get(self, name: str, default: Any = None) -> Any:
-        return getattr(self, name, default)
-
-
 @dataclass(frozen=True, slots=True)
-class StoredMessage(ByName):
+class StoredMessage:
     """What every stored message holds, retry or dead letter: its row's id, its key
     and headers, the attempt that failed, and where its record was first consumed
     (group, original topic, partition and offset)."""
@@ -111,7 +94,7 @@ class Step(StoredMessage):
 
 
 @dataclass(frozen=True, slots=True)
-class AuditRecord(ByName):
+class AuditRecord:
     """An entry of the audit log as read back: when, and the filter and detail parsed."""
 
     id: int
@@ -126,7 +109,7 @@ class AuditRecord(ByName):
 
 
 @dataclass(frozen=True, slots=True)
-class JobFailure(ByName):
+class JobFailure:
     """A letter the broker refused in a replay job, and why."""
 
     dead_letter_id: int
@@ -134,7 +117,7 @@ class JobFailure(ByName):
 
 
 @dataclass(frozen=True, slots=True)
-class ReplayJob(ByName):
+class ReplayJob:
     """A replay job and its letters' counts by state; ``failures`` are its refused
     letters when the read asked for them (else empty)."""
 

@@ -212,8 +212,8 @@ def export_dead_letters(who: Reader, ops: Ops, flt: Filter) -> NdjsonResponse:
 
 
 @router.get("/dead-letters/{letter_id:int}", responses=_errors(404), openapi_extra=READ)
-def get_dead_letter(who: Reader, ops: Ops, letter_id: LetterId) -> dict[str, Any]:
-    row = ops.dead_letter(letter_id)
+def get_dead_letter(who: Reader, store: StoreDep, letter_id: LetterId) -> dict[str, Any]:
+    row = store.dead_letter_by_id(letter_id)
     if row is None:
         raise HTTPException(404, f"no dead letter {letter_id}")
     return dead_letter_detail(row)
@@ -261,8 +261,8 @@ def list_pending(
 
 
 @router.get("/pending/{pending_id:int}", responses=_errors(404), openapi_extra=READ)
-def get_pending(who: Reader, ops: Ops, pending_id: PendingId) -> dict[str, Any]:
-    row = ops.pending_one(pending_id)
+def get_pending(who: Reader, store: StoreDep, pending_id: PendingId) -> dict[str, Any]:
+    row = store.pending_by_id(pending_id)
     if row is None:
         raise HTTPException(404, f"no pending retry {pending_id} (delivered or cancelled?)")
     return pending_view(row, full=True)
@@ -335,8 +335,8 @@ def list_jobs(who: Reader, ops: Ops, limit: Limit = 50, cursor: Cursor = None) -
 
 
 @router.get("/jobs/{job_id:int}", responses=_errors(404), openapi_extra=READ)
-def get_job(who: Reader, ops: Ops, job_id: JobId) -> dict[str, Any]:
-    job = ops.replay_job(job_id)
+def get_job(who: Reader, store: StoreDep, job_id: JobId) -> dict[str, Any]:
+    job = store.replay_jobs.get(job_id, with_failures=True)
     if job is None:
         raise HTTPException(404, f"no replay job {job_id}")
     return replay_job_view(job)
@@ -352,8 +352,8 @@ def cancel_job(who: Operator, actions: Actions, job_id: JobId) -> dict[str, Any]
 
 
 @router.get("/stats", openapi_extra=READ)
-def stats(who: Reader, ops: Ops) -> dict[str, Any]:
-    return ops.stats()
+def stats(who: Reader, store: StoreDep) -> dict[str, Any]:
+    return store.totals()
 
 
 @router.get("/stats/rates", openapi_extra=READ)

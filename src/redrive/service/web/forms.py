@@ -27,9 +27,9 @@ from redrive.service.actions import (
 )
 from redrive.service.auth import ANONYMOUS, Principal, Tokens
 from redrive.service.filters import INT64_MAX
-from redrive.service.operations import Operations
+from redrive.service.store import Store
 from redrive.service.web import session
-from redrive.service.web.deps import Actions, Ops, PagesDep, TokenBook
+from redrive.service.web.deps import Actions, PagesDep, StoreDep, TokenBook
 from redrive.service.web.pages import per_second
 from redrive.service.web.params import (
     REFUSALS,
@@ -58,7 +58,7 @@ class Posted:
     who: Principal
     pages: Pages
     actions: OperatorActions
-    ops: Operations
+    store: Store
 
     def field(self, name: str) -> str:
         return field(self.form, name)
@@ -86,7 +86,7 @@ def form_action(path: str) -> Callable[[FormAction], FormAction]:
             pages: Pages,
             tokens: Tokens,
             actions: OperatorActions,
-            ops: Operations,
+            store: Store,
         ) -> Response:
             who = session.signed_in(request, tokens)
             if not session.csrf_ok(request, form):
@@ -104,15 +104,19 @@ def form_action(path: str) -> Callable[[FormAction], FormAction]:
                 return pages.error(
                     request, who, 403, "Operator token needed", NEEDS_OPERATOR, login_next=back
                 )
-            response = fn(Posted(request, form, who, pages, actions, ops))
+            response = fn(Posted(request, form, who, pages, actions, store))
             pages.stats.clear()
             return response
 
         async def endpoint(
-            request: Request, pages: PagesDep, tokens: TokenBook, actions: Actions, ops: Ops
+            request: Request,
+            pages: PagesDep,
+            tokens: TokenBook,
+            actions: Actions,
+            store: StoreDep,
         ) -> Response:
             form = await request.form()
-            return await run_in_threadpool(checked, request, form, pages, tokens, actions, ops)
+            return await run_in_threadpool(checked, request, form, pages, tokens, actions, store)
 
         endpoint.__name__ = f"ui_{fn.__name__}"
         router.add_api_route(path, endpoint, methods=["POST"], response_class=HTMLResponse)
@@ -180,7 +184,7 @@ def bulk(p: Posted) -> Response:
         except ValueError as exc:
             return p.redirect(back, "error", f"Bad filter: {exc}")
         body = {"filter": flt, "all": p.field("all") == "1"}
-        count = p.ops.count_dead_letters(flt)
+        count = p.store.count_dead_letters(flt)
         described = describe_filter(raw)
         what = (
             f"all {plural(count, 'dead letter')} matching {described}"
@@ -244,7 +248,7 @@ def replay(p: Posted) -> Response:
     if edited:
         raw_value = p.form.get("value")
         value = raw_value if isinstance(raw_value, str) else ""
-        row = p.ops.dead_letter(letter_id)
+        row = p.store.dead_letter_by_id(letter_id)
         original = row.msg_value if row else None
         # Browsers send a textarea's line breaks as CRLF: keep the original's style.
         if original is None or b"\r\n" not in original:

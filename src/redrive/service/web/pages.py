@@ -21,8 +21,7 @@ from pydantic import ValidationError
 from redrive.headers import is_redrive_header
 from redrive.service.auth import Principal
 from redrive.service.filters import INT64_MAX, FilterError, PendingFilter, RecordQuery
-from redrive.service.operations import Operations
-from redrive.service.store import Pending, ReplayJob
+from redrive.service.store import Pending, ReplayJob, Store
 from redrive.service.web import session
 from redrive.service.web.charts import breakdown, chart
 from redrive.service.web.deps import Ops, PagesDep, Settings, StoreDep, TokenBook
@@ -200,7 +199,9 @@ def pending_queue(
 
 
 @router.get("/dead-letters", response_class=HTMLResponse)
-def dead_letters(request: Request, who: Reader, pages: PagesDep, ops: Ops) -> Response:
+def dead_letters(
+    request: Request, who: Reader, pages: PagesDep, ops: Ops, store: StoreDep
+) -> Response:
     q = request.query_params
     cursor = field(q, "cursor")
     raw = {name: field(q, name) for name in FILTER_FIELDS}
@@ -209,7 +210,7 @@ def dead_letters(request: Request, who: Reader, pages: PagesDep, ops: Ops) -> Re
         flt, raw = dead_letter_filter(q)
         found, next_cursor = ops.dead_letters(flt, limit=PAGE_SIZE, cursor=cursor or None)
         rows = [dead_letter_summary(r) for r in found]
-        matching = ops.count_dead_letters(flt)
+        matching = store.count_dead_letters(flt)
     except (ValueError, FilterError) as exc:
         error = str(exc)
     filter_query = {k: v for k, v in raw.items() if v}
@@ -239,10 +240,10 @@ def dead_letters(request: Request, who: Reader, pages: PagesDep, ops: Ops) -> Re
 
 @router.get("/dead-letters/{letter_id:int}", response_class=HTMLResponse)
 def dead_letter(
-    request: Request, letter_id: int, who: Reader, pages: PagesDep, ops: Ops
+    request: Request, letter_id: int, who: Reader, pages: PagesDep, store: StoreDep
 ) -> Response:
     back = local_url(request.query_params.get("back"), "/dead-letters", "/dead-letters")
-    row = ops.dead_letter(letter_id)
+    row = store.dead_letter_by_id(letter_id)
     if row is None:
         return pages.error(
             request,
@@ -430,9 +431,11 @@ def _job(row: ReplayJob) -> dict[str, Any]:
     }
 
 
-def _replay_job(ops: Operations, job_id: int) -> ReplayJob | None:
+def _replay_job(store: Store, job_id: int) -> ReplayJob | None:
     # A bigserial id; anything else is no job (PostgreSQL would refuse it).
-    return ops.replay_job(job_id) if 1 <= job_id <= INT64_MAX else None
+    if not 1 <= job_id <= INT64_MAX:
+        return None
+    return store.replay_jobs.get(job_id, with_failures=True)
 
 
 @router.get("/jobs", response_class=HTMLResponse)
@@ -458,8 +461,8 @@ def jobs(request: Request, who: Reader, pages: PagesDep, ops: Ops) -> Response:
 
 
 @router.get("/jobs/{job_id:int}", response_class=HTMLResponse)
-def job(request: Request, job_id: int, who: Reader, pages: PagesDep, ops: Ops) -> Response:
-    row = _replay_job(ops, job_id)
+def job(request: Request, job_id: int, who: Reader, pages: PagesDep, store: StoreDep) -> Response:
+    row = _replay_job(store, job_id)
     if row is None:
         text = f"Replay job {job_id} does not exist."
         return pages.error(request, who, 404, "Not found", text, back="/jobs")
@@ -467,10 +470,10 @@ def job(request: Request, job_id: int, who: Reader, pages: PagesDep, ops: Ops) -
 
 
 @router.get("/jobs/{job_id:int}.json")
-def job_progress(job_id: int, who: Reader, ops: Ops) -> Response:
+def job_progress(job_id: int, who: Reader, store: StoreDep) -> Response:
     """The job page's live progress (ui.js polls it). Not the API's GET /api/v1/jobs/{id}:
     that takes bearer tokens only, and a page's script has the session cookie."""
-    row = _replay_job(ops, job_id)
+    row = _replay_job(store, job_id)
     if row is None:
         return JSONResponse(
             {"detail": f"no replay job {job_id}"}, 404, headers=session.SECURITY_HEADERS
