@@ -27,6 +27,7 @@ from redrive.ports import free_port
 from redrive.service.filters import DeadLetterFilter, PendingFilter
 from redrive.service.operations import Operations
 from redrive.service.service import RetryService
+from redrive.service.store import AuditRecord, DeadLetter, Store
 from redrive.service.web import create_app
 from tests.conftest import wait_for_topics
 from tests.integration.service_harness import (
@@ -65,6 +66,7 @@ shop.PaymentDeclined: card declined by issuer (code 51)"""
 class Ui:
     service: RetryService
     ops: Operations
+    store: Store
     url: str
     bootstrap: str
     orders: str
@@ -73,7 +75,7 @@ class Ui:
     viewer: str
     pending_ids: dict[bytes, int]
 
-    def letter(self, error_type: str) -> dict[str, Any]:
+    def letter(self, error_type: str) -> DeadLetter:
         rows, _ = self.ops.dead_letters(DeadLetterFilter(error_type=error_type), limit=10)
         assert rows, f"no dead letter with error type {error_type}"
         return rows[0]
@@ -228,26 +230,28 @@ def ui(bootstrap: str, database_url: str) -> Iterator[Ui]:
         app = create_app(service)
         server, thread, port = _serve(app)
         try:
-            ops = service.operations
+            ops, store = service.operations, service.store
+            assert store is not None  # opened by running_service
             expected = _seed((orders, payments, inventory), settings.requests_topic, bootstrap)
             deadline = Deadline(60)
             while not deadline.passed():
-                stats = ops.stats()
+                stats = store.totals()
                 if stats["dead_letters"]["total"] >= expected and stats["pending"]["total"] >= 4:
                     break
                 time.sleep(0.2)
-            assert ops.stats()["dead_letters"]["total"] == expected
+            assert store.totals()["dead_letters"]["total"] == expected
             rows, _ = ops.pending(PendingFilter(), limit=10)
             yield Ui(
                 service=service,
                 ops=ops,
+                store=store,
                 url=f"http://127.0.0.1:{port}",
                 bootstrap=bootstrap,
                 orders=orders,
                 payments=payments,
                 operator=service.tokens.create("ui-operator", "operator"),
                 viewer=service.tokens.create("ui-viewer", "viewer"),
-                pending_ids={r["msg_key"]: r["id"] for r in rows},
+                pending_ids={r.msg_key: r.id for r in rows},
             )
         finally:
             server.should_exit = True
@@ -290,14 +294,14 @@ def confirm(page: Page, button: str) -> None:
     dialog.get_by_role("button", name=button, exact=True).click()
 
 
-def audited(ui: Ui, action: str, letter_id: int, timeout_s: float = 10) -> dict[str, Any]:
+def audited(ui: Ui, action: str, letter_id: int, timeout_s: float = 10) -> AuditRecord:
     """The audit entry of `action` on the letter; waits for it, since a replay job
     writes its entry when it ends, just after its page shows it done."""
     deadline = Deadline(timeout_s)
     while True:
         entries, _ = ui.ops.audit_log(limit=100)
         for entry in entries:
-            if entry["action"] == action and letter_id in entry["ids"]:
+            if entry.action == action and letter_id in entry.ids:
                 return entry
         if deadline.passed():
             raise AssertionError(f"no audit entry {action} for {letter_id}: {entries}")
@@ -348,7 +352,7 @@ def test_screenshots_of_every_page(ui: Ui, browser: Browser, page: Page, output_
     page.keyboard.press("Escape")
 
     letter = ui.letter("billing.InvoiceRejected")
-    page.goto(f"/dead-letters/{letter['id']}")
+    page.goto(f"/dead-letters/{letter.id}")
     expect(page.locator("#value pre.code.json")).to_contain_text('"currency": "EUR"')
     page.screenshot(path=shots / "dead-letter.png", full_page=True)
     page.get_by_role("button", name="Delete", exact=True).click()
@@ -357,7 +361,7 @@ def test_screenshots_of_every_page(ui: Ui, browser: Browser, page: Page, output_
     page.locator("dialog#confirm").get_by_role("button", name="Cancel").click()
 
     binary = ui.letter("codec.DecodeError")
-    page.goto(f"/dead-letters/{binary['id']}")
+    page.goto(f"/dead-letters/{binary.id}")
     expect(page.locator("#value pre.code.binary")).to_contain_text("00000000  00 01 02 03")
     page.screenshot(path=shots / "dead-letter-binary.png", full_page=True)
     for name in ("login", "overview", "pending", "dead-letters", "dead-letter"):
@@ -370,7 +374,7 @@ def test_search_open_and_replay(ui: Ui, page: Page) -> None:
     try:
         sign_in(page, ui.operator)
         page.goto("/")
-        total = ui.ops.stats()["dead_letters"]["total"]
+        total = ui.store.totals()["dead_letters"]["total"]
         expect(page.locator('[data-stat="dead"]')).to_have_text(f"{total:,}")
         expect(page.locator("table.breakdown").filter(has_text="Error type")).to_contain_text(
             "shop.PaymentDeclined"
@@ -391,7 +395,7 @@ def test_search_open_and_replay(ui: Ui, page: Page) -> None:
         page.keyboard.press("j")
         expect(rows.first).to_have_class(re.compile("selected"))
         page.keyboard.press("Enter")
-        page.wait_for_url(re.compile(rf"/dead-letters/{letter['id']}\?back="))
+        page.wait_for_url(re.compile(rf"/dead-letters/{letter.id}\?back="))
         expect(page.locator("pre.code.key")).to_have_text("order-7")
         expect(page.locator("#value pre.code.json")).to_contain_text('"sku": "A-1"')
         expect(page.locator("table.headers").first).to_contain_text("trace-7")
@@ -400,23 +404,23 @@ def test_search_open_and_replay(ui: Ui, page: Page) -> None:
 
         page.get_by_role("button", name="Replay", exact=True).click()
         expect(page.locator("#confirm-text")).to_have_text(
-            f"Replay dead letter {letter['id']} to {ui.orders}?"
+            f"Replay dead letter {letter.id} to {ui.orders}?"
         )
         confirm(page, "Replay")
-        expect(page.locator(".flash-ok")).to_contain_text(f"Replayed dead letter {letter['id']}")
+        expect(page.locator(".flash-ok")).to_contain_text(f"Replayed dead letter {letter.id}")
         # Back on the search it came from, which no longer finds it.
         expect(page).to_have_url(re.compile(r"/dead-letters\?error_type=shop.PaymentDeclined$"))
         expect(page.locator("table[data-rows]")).to_have_count(0)
 
         got = delivered(collector, b"order-7")
-        assert got.value == letter["msg_value"]
+        assert got.value == letter.msg_value
         assert got.headers == [("trace-id", b"trace-7"), ("tenant", b"acme")]
     finally:
         collector.close()
-    assert ui.ops.dead_letter(letter["id"]) is None
-    entry = audited(ui, "replay", letter["id"])
-    assert entry["actor"] == "ui-operator"
-    assert entry["role"] == "operator"
+    assert ui.store.dead_letter_by_id(letter.id) is None
+    entry = audited(ui, "replay", letter.id)
+    assert entry.actor == "ui-operator"
+    assert entry.role == "operator"
 
 
 def test_edit_then_replay_and_refused_destination(ui: Ui, page: Page) -> None:
@@ -424,7 +428,7 @@ def test_edit_then_replay_and_refused_destination(ui: Ui, page: Page) -> None:
     collector = Collector(ui.bootstrap, ui.orders)
     try:
         sign_in(page, ui.operator)
-        page.goto(f"/dead-letters/{letter['id']}")
+        page.goto(f"/dead-letters/{letter.id}")
         page.get_by_text("Edit the value, then replay").click()
         textarea = page.locator("textarea[name=value]")
         expect(textarea).to_have_value('{"order": 8, "price": 10}')
@@ -435,36 +439,36 @@ def test_edit_then_replay_and_refused_destination(ui: Ui, page: Page) -> None:
         edit.get_by_role("button", name="Replay edited value").click()
         confirm(page, "Replay edited value")
         expect(page.locator(".flash-error")).to_contain_text("not allowed")
-        assert ui.ops.dead_letter(letter["id"]) is not None
+        assert ui.store.dead_letter_by_id(letter.id) is not None
 
         page.get_by_text("Edit the value, then replay").click()
         page.locator("textarea[name=value]").fill('{"order": 8,\n "price": 12}')
         page.get_by_role("button", name="Replay edited value").click()
         confirm(page, "Replay edited value")
-        expect(page.locator(".flash-ok")).to_contain_text(f"Replayed dead letter {letter['id']}")
+        expect(page.locator(".flash-ok")).to_contain_text(f"Replayed dead letter {letter.id}")
         got = delivered(collector, b"order-8")
         assert got.value == b'{"order": 8,\n "price": 12}'
         assert got.headers == [("trace-id", b"t-order-8")]
     finally:
         collector.close()
-    assert audited(ui, "edit-and-replay", letter["id"])["actor"] == "ui-operator"
+    assert audited(ui, "edit-and-replay", letter.id).actor == "ui-operator"
 
 
 def test_delete_one_and_bulk(ui: Ui, page: Page) -> None:
     letter = ui.letter("shop.OutOfStock")
     sign_in(page, ui.operator)
     page.goto("/dead-letters?error_type=shop.OutOfStock")
-    page.get_by_role("link", name=str(letter["id"]), exact=True).click()
+    page.get_by_role("link", name=str(letter.id), exact=True).click()
     page.get_by_role("button", name="Delete", exact=True).click()
     expect(page.locator("#confirm-text")).to_have_text(
-        f"Delete dead letter {letter['id']}? This cannot be undone."
+        f"Delete dead letter {letter.id}? This cannot be undone."
     )
     confirm(page, "Delete")
-    expect(page.locator(".flash-ok")).to_have_text(f"Deleted dead letter {letter['id']}.")
+    expect(page.locator(".flash-ok")).to_have_text(f"Deleted dead letter {letter.id}.")
     expect(page.get_by_text("No dead letter matches this search.")).to_be_visible()
-    assert ui.ops.dead_letter(letter["id"]) is None
-    entry = audited(ui, "delete", letter["id"])
-    assert (entry["actor"], entry["count"]) == ("ui-operator", 1)
+    assert ui.store.dead_letter_by_id(letter.id) is None
+    entry = audited(ui, "delete", letter.id)
+    assert (entry.actor, entry.count) == ("ui-operator", 1)
 
     # Bulk: tick two rows with the keyboard, delete them, then replay what the filter matches.
     page.goto("/dead-letters?error_type=shop.Timeout")
@@ -481,9 +485,9 @@ def test_delete_one_and_bulk(ui: Ui, page: Page) -> None:
     confirm(page, "Delete selected")
     expect(page.locator(".flash-ok")).to_have_text("Deleted 2 dead letters.")
     expect(rows).to_have_count(1)
-    assert audited(ui, "delete", ids[0])["ids"] == sorted(ids[:2])
+    assert audited(ui, "delete", ids[0]).ids == sorted(ids[:2])
 
-    remaining = ui.ops.dead_letter(ids[2])
+    remaining = ui.store.dead_letter_by_id(ids[2])
     assert remaining is not None
     collector = Collector(ui.bootstrap, ui.orders)
     try:
@@ -502,16 +506,16 @@ def test_delete_one_and_bulk(ui: Ui, page: Page) -> None:
         expect(page.locator("[data-job-summary]")).to_have_text("1 of 1 · sent 1 · failed 0")
         expect(page.get_by_role("progressbar", name="Progress")).to_have_attribute("value", "1")
         assert page.evaluate("window.__samePage") is True
-        delivered(collector, remaining["msg_key"])
+        delivered(collector, remaining.msg_key)
     finally:
         collector.close()
-    assert ui.ops.dead_letter(ids[2]) is None
+    assert ui.store.dead_letter_by_id(ids[2]) is None
     started = audited(ui, "replay-job", ids[2])
-    assert started["filter"] == {"error_type": "shop.Timeout"}
-    assert started["detail"]["job"] == job_id
+    assert started.filter == {"error_type": "shop.Timeout"}
+    assert started.detail["job"] == job_id
     entry = audited(ui, "replay", ids[2])
-    assert (entry["actor"], entry["ids"]) == ("ui-operator", [ids[2]])
-    assert entry["detail"]["job"] == job_id
+    assert (entry.actor, entry.ids) == ("ui-operator", [ids[2]])
+    assert entry.detail["job"] == job_id
 
 
 def test_replay_job_progress_and_cancel(
@@ -525,9 +529,9 @@ def test_replay_job_progress_and_cancel(
     ]
     produce(ui.bootstrap, ui.service.settings.requests_topic, letters)
     deadline = Deadline(30)
-    while ui.ops.count_dead_letters(flt) < 40 and not deadline.passed():
+    while ui.store.count_dead_letters(flt) < 40 and not deadline.passed():
         time.sleep(0.1)
-    assert ui.ops.count_dead_letters(flt) == 40
+    assert ui.store.count_dead_letters(flt) == 40
 
     sign_in(page, ui.operator)
     # At 4 a second, 40 letters take 10 s: time to watch it and cancel it. (The UI's
@@ -580,19 +584,19 @@ def test_replay_job_progress_and_cancel(
     # when the cancel came is recorded just after).
     deadline = Deadline(10)
     while True:
-        job = ui.ops.replay_job(job_id)
+        job = ui.store.replay_jobs.get(job_id, with_failures=True)
         assert job is not None
-        if job["sent"] + job["cancelled"] == 40 or deadline.passed():
+        if job.sent + job.cancelled == 40 or deadline.passed():
             break
         time.sleep(0.1)
-    assert (job["state"], job["sent"] + job["cancelled"]) == ("cancelled", 40)
-    assert 0 < job["sent"] < 40
-    assert ui.ops.count_dead_letters(flt) == job["cancelled"]
-    left = ui.ops.dead_letter_ids(flt, limit=1)[0]
-    assert audited(ui, "replay-job", left)["detail"]["job"] == job_id
+    assert (job.state, job.sent + job.cancelled) == ("cancelled", 40)
+    assert 0 < job.sent < 40
+    assert ui.store.count_dead_letters(flt) == job.cancelled
+    left = ui.store.dead_letter_ids(flt, limit=1)[0]
+    assert audited(ui, "replay-job", left).detail["job"] == job_id
     entries, _ = ui.ops.audit_log(limit=20)
-    [cancel] = [e for e in entries if e["action"] == "cancel-replay-job"]
-    assert (cancel["actor"], cancel["detail"]["job"]) == ("ui-operator", job_id)
+    [cancel] = [e for e in entries if e.action == "cancel-replay-job"]
+    assert (cancel.actor, cancel.detail["job"]) == ("ui-operator", job_id)
 
     # The list shows it; g j goes there from any page.
     page.keyboard.press("g")
@@ -635,7 +639,7 @@ def test_payloads_are_shown_as_text(ui: Ui, page: Page) -> None:
     page.goto("/dead-letters?error_type=xss.Probe")
     expect(page.locator(".error-msg")).to_have_text(XSS_MESSAGE)
     expect(page.locator("td.key-cell")).to_have_text("<b>key</b>")
-    page.get_by_role("link", name=str(letter["id"]), exact=True).click()
+    page.get_by_role("link", name=str(letter.id), exact=True).click()
 
     expect(page.locator("#value pre.code")).to_have_text(XSS_VALUE)
     expect(page.locator("#value pre.code")).to_be_visible()
@@ -652,7 +656,7 @@ def test_forms_need_csrf_token_and_operator(ui: Ui, browser: Browser, page: Page
     sign_in(page, ui.operator)
 
     # No CSRF field, then a forged one: refused even though the session is an operator's.
-    url = f"/dead-letters/{letter['id']}/delete"
+    url = f"/dead-letters/{letter.id}/delete"
     refused = page.request.post(url, form={"confirmed": "1"}, max_redirects=0)
     assert refused.status == 403
     assert "CSRF" in refused.text()
@@ -668,7 +672,7 @@ def test_forms_need_csrf_token_and_operator(ui: Ui, browser: Browser, page: Page
     with page.expect_response(lambda r: r.request.method == "POST") as posted:
         page.goto("http://evil.test/")
     assert posted.value.status == 403
-    assert ui.ops.dead_letter(letter["id"]) is not None
+    assert ui.store.dead_letter_by_id(letter.id) is not None
 
     # Signed in as a viewer: the page says so, and the action is refused with that message.
     viewer = browser.new_context(base_url=ui.url)
@@ -676,7 +680,7 @@ def test_forms_need_csrf_token_and_operator(ui: Ui, browser: Browser, page: Page
         vpage = viewer.new_page()
         sign_in(vpage, ui.viewer)
         expect(vpage.locator(".who")).to_contain_text("ui-viewer viewer")
-        vpage.goto(f"/dead-letters/{letter['id']}")
+        vpage.goto(f"/dead-letters/{letter.id}")
         expect(vpage.locator(".actions .notice")).to_contain_text("sign in with an operator token")
         vpage.get_by_role("button", name="Delete", exact=True).click()
         with vpage.expect_response(lambda r: r.request.method == "POST") as answer:
@@ -690,9 +694,9 @@ def test_forms_need_csrf_token_and_operator(ui: Ui, browser: Browser, page: Page
         expect(vpage).to_have_url(re.compile(r"/login\?next="))
     finally:
         viewer.close()
-    assert ui.ops.dead_letter(letter["id"]) is not None
+    assert ui.store.dead_letter_by_id(letter.id) is not None
     entries, _ = ui.ops.audit_log(limit=100)
-    assert not [e for e in entries if letter["id"] in e["ids"]]
+    assert not [e for e in entries if letter.id in e.ids]
 
 
 def test_forms_work_without_javascript(ui: Ui, browser: Browser) -> None:
@@ -701,17 +705,17 @@ def test_forms_work_without_javascript(ui: Ui, browser: Browser) -> None:
     try:
         page = ctx.new_page()
         sign_in(page, ui.operator)
-        page.goto(f"/dead-letters/{letter['id']}")
+        page.goto(f"/dead-letters/{letter.id}")
         page.get_by_role("button", name="Delete", exact=True).click()
         expect(page.get_by_role("heading", name="Please confirm")).to_be_visible()
         expect(page.locator(".lead")).to_have_text(
-            f"Delete dead letter {letter['id']}? This cannot be undone."
+            f"Delete dead letter {letter.id}? This cannot be undone."
         )
         page.get_by_role("button", name="Delete", exact=True).click()
-        expect(page.locator(".flash-ok")).to_have_text(f"Deleted dead letter {letter['id']}.")
+        expect(page.locator(".flash-ok")).to_have_text(f"Deleted dead letter {letter.id}.")
     finally:
         ctx.close()
-    assert ui.ops.dead_letter(letter["id"]) is None
+    assert ui.store.dead_letter_by_id(letter.id) is None
 
 
 def test_pending_retry_now_and_cancel(ui: Ui, page: Page) -> None:
@@ -730,7 +734,7 @@ def test_pending_retry_now_and_cancel(ui: Ui, page: Page) -> None:
         got = delivered(collector, b"pay-1")
         assert got.value == b'{"payment": 1}'
         deadline = Deadline(10)
-        while ui.ops.pending_one(first) is not None and not deadline.passed():
+        while ui.store.pending_by_id(first) is not None and not deadline.passed():
             time.sleep(0.05)
         page.reload()
         expect(page.locator(f'tr[data-id="{first}"]')).to_have_count(0)
@@ -741,11 +745,11 @@ def test_pending_retry_now_and_cancel(ui: Ui, page: Page) -> None:
         expect(page.locator(f'tr[data-id="{second}"]')).to_have_count(0)
     finally:
         collector.close()
-    assert ui.ops.pending_one(second) is None
+    assert ui.store.pending_by_id(second) is None
     cancelled, _ = ui.ops.dead_letters(DeadLetterFilter(reason="cancelled"), limit=10)
-    assert [r["msg_key"] for r in cancelled] == [b"pay-2"]
-    assert audited(ui, "retry-now", first)["actor"] == "ui-operator"
-    assert audited(ui, "cancel", second)["actor"] == "ui-operator"
+    assert [r.msg_key for r in cancelled] == [b"pay-2"]
+    assert audited(ui, "retry-now", first).actor == "ui-operator"
+    assert audited(ui, "cancel", second).actor == "ui-operator"
 
 
 def test_cookies_headers_and_reads_behind_a_token(
@@ -978,7 +982,7 @@ def test_record_story_of_a_dead_letter_and_a_pending_retry(ui: Ui, page: Page) -
         _story(ui, "dead", key=key)
 
         letter = ui.letter("story.Fatal")
-        page.goto(f"/dead-letters/{letter['id']}")
+        page.goto(f"/dead-letters/{letter.id}")
         page.get_by_role("link", name="Story of this record").click()
         page.wait_for_url(re.compile(rf"/records\?topic={topic}&partition=0&offset=78$"))
         story = page.locator("article.story")
@@ -991,8 +995,8 @@ def test_record_story_of_a_dead_letter_and_a_pending_retry(ui: Ui, page: Page) -
         expect(story.locator("li.event-failed").last).to_contain_text(
             "Attempt 2 failed — story.Fatal: card declined by issuer"
         )
-        last.get_by_role("link", name=f"Dead letter #{letter['id']}").click()
-        page.wait_for_url(f"**/dead-letters/{letter['id']}")
+        last.get_by_role("link", name=f"Dead letter #{letter.id}").click()
+        page.wait_for_url(f"**/dead-letters/{letter.id}")
 
         # A retry still waiting: its story links to it in the pending list, and back.
         produce(

@@ -273,9 +273,9 @@ def test_a_batch_a_crash_left_open_is_settled_by_what_kafka_did(
             for row in rows:
                 producer.produce(
                     destination,
-                    key=row["msg_key"],
-                    value=row["msg_value"],
-                    on_delivery=lambda err, msg, i=row["id"]: placed.append(
+                    key=row.msg_key,
+                    value=row.msg_value,
+                    on_delivery=lambda err, msg, i=row.id: placed.append(
                         Placed(i, msg.topic(), msg.partition(), msg.offset())
                     ),
                 )
@@ -284,12 +284,15 @@ def test_a_batch_a_crash_left_open_is_settled_by_what_kafka_did(
             if kafka_committed:
                 producer.commit_transaction(30)
             # ... and the runner dies here, its transaction open or its outcome unrecorded.
-            assert [p.letter_id for p in jobs.sending(job_id)] == [r["id"] for r in rows]
+            assert [p.letter_id for p in jobs.sending(job_id)] == [r.id for r in rows]
 
         restarted = settings.model_copy(update={"roles": ["scheduler"]})
         with running_service(restarted) as service:
             wait_until(
-                lambda: (service.store.replay_jobs.get(job_id) or {}).get("state") == "done",
+                lambda: (
+                    (job := service.store.replay_jobs.get(job_id)) is not None
+                    and job.state == "done"
+                ),
                 60,
                 "the job to end",
             )

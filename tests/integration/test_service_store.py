@@ -150,8 +150,8 @@ def test_a_key_longer_than_an_index_page_is_stored_and_found_in_every_table(
         assert store.record_steps(key=long_key[:-1]) == []
     finally:
         store.close()
-    assert sorted(step["kind"] for step in steps) == ["dead", "delivered"]
-    assert all(bytes(step["msg_key"]) == long_key for step in steps)
+    assert sorted(step.kind for step in steps) == ["dead", "delivered"]
+    assert all(bytes(step.msg_key) == long_key for step in steps)
 
 
 def test_a_delivered_retry_already_in_the_history_is_settled_keeping_the_first_copy(

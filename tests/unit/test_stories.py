@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from redrive.service.store import Step
 from redrive.service.stories import stories
 
 pytestmark = pytest.mark.unit
@@ -16,8 +17,8 @@ pytestmark = pytest.mark.unit
 T0 = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
 
 
-def step(kind: str, attempt: int, **fields: Any) -> dict[str, Any]:
-    base = {
+def step(kind: str, attempt: int, **fields: Any) -> Step:
+    base: dict[str, Any] = {
         "kind": kind,
         "id": attempt,
         "topic": "orders",
@@ -36,7 +37,7 @@ def step(kind: str, attempt: int, **fields: Any) -> dict[str, Any]:
         "error_type": None,
         "error_message": None,
     }
-    return {**base, **fields}
+    return Step(**{**base, **fields})
 
 
 def test_failed_twice_then_delivered_is_three_attempts() -> None:

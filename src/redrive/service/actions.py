@@ -1,15 +1,17 @@
 """What operators do, whoever asks: the REST API and the web UI call these.
 
 Each action checks its input, does the work, writes the audit entry, and returns
-what it did; a refusal is an ActionRefused with the HTTP status it maps to and a
-sentence saying why. The caller has already established who asks and that their
-role allows it. The actions are given the few things they use (the operator queries,
-the replayer, a way to wake the scheduler, two limits), not the service.
+what it did; a refusal is an ActionRefused of the kind that says why it was not done
+(:mod:`.refusals`: not found, conflict, invalid, not acknowledged), with a sentence.
+The caller has already established who asks and that their role allows it. The
+actions are given the few things they use (the store, the operator queries, the
+replayer, a way to wake the scheduler, two limits), not the service.
 """
 
 import base64
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import (
@@ -31,16 +33,9 @@ from redrive.service.filters import (
     UnicodeText,
 )
 from redrive.service.operations import Operations
+from redrive.service.refusals import Conflict, Invalid, NotAcknowledged, NotFound
 from redrive.service.replay import Edit, Replayer, ReplayRefused
-from redrive.service.store import JobOverlap
-
-
-class ActionRefused(Exception):
-    def __init__(self, status: int, detail: str) -> None:
-        super().__init__(detail)
-        self.status = status
-        self.detail = detail
-
+from redrive.service.store import DeadLetter, JobOverlap, ReplayJob, Store
 
 # ------------------------------------------------------------------ request bodies (API and UI)
 #
@@ -150,9 +145,19 @@ class ReplayMany(Selection):
     rate: float | None = Field(None, ge=1, le=100_000, description="Messages per second.")
 
 
+@dataclass(frozen=True, slots=True)
+class JobStarted:
+    """A replay job just started, and how many more letters matched than it took (a
+    selection is capped at `replay_max_per_request`)."""
+
+    job: ReplayJob
+    remaining: int
+
+
 class OperatorActions:
     def __init__(
         self,
+        store: Store,
         operations: Operations,
         replayer: Replayer,
         wake_scheduler: Callable[[], None],
@@ -161,6 +166,7 @@ class OperatorActions:
         replay_rate_per_second: float,
         replay_max_per_request: int,
     ) -> None:
+        self._store = store
         self._ops = operations
         self._replayer = replayer
         self._wake_scheduler = wake_scheduler
@@ -172,13 +178,11 @@ class OperatorActions:
         self, who: Principal, letter_id: int, body: ReplayOne | None = None
     ) -> dict[str, Any]:
         body = body or ReplayOne()
-        row = self._ops.dead_letter(letter_id)
+        row = self._store.dead_letter_by_id(letter_id)
         if row is None:
-            raise ActionRefused(404, f"no dead letter {letter_id}")
-        if (job := self._ops.live_replay_job_of([letter_id])) is not None:
-            raise ActionRefused(
-                409, f"dead letter {letter_id} is still to be sent by replay job {job}"
-            )
+            raise NotFound(f"no dead letter {letter_id}")
+        if (live := self._store.replay_jobs.live_job_of([letter_id])) is not None:
+            raise Conflict(f"dead letter {letter_id} is still to be sent by replay job {live[0]}")
         edit = None
         if body.value is not None or body.headers is not None:
             edit = Edit(
@@ -192,11 +196,11 @@ class OperatorActions:
         try:
             acked = self._replayer.replay(row, destination=body.destination, edit=edit)
         except ReplayRefused as exc:
-            raise ActionRefused(400, str(exc)) from None
+            raise Invalid(str(exc)) from None
         if not acked:
-            raise ActionRefused(502, f"the broker did not acknowledge dead letter {letter_id}")
+            raise NotAcknowledged(f"the broker did not acknowledge dead letter {letter_id}")
         if not body.keep:
-            self._ops.delete_dead_letters([letter_id])
+            self._store.delete_dead_letters([letter_id])
         self._ops.audit(
             actor=who.name,
             role=who.role,
@@ -207,41 +211,43 @@ class OperatorActions:
         )
         return {"replayed": 1, "ids": [letter_id], "failed": []}
 
-    def _select(self, selection: Selection) -> tuple[list[dict[str, Any]], int]:
-        ops = self._ops
+    def _select(self, selection: Selection) -> tuple[list[DeadLetter], int]:
+        store = self._store
         if selection.ids is not None:
-            return ops.dead_letters_by_id(selection.ids), 0
+            return store.dead_letters_by_id(selection.ids), 0
         assert selection.filter is not None
-        ids = ops.dead_letter_ids(selection.filter, limit=self._max_per_request)
-        total = ops.count_dead_letters(selection.filter)
-        return ops.dead_letters_by_id(ids), max(total - len(ids), 0)
+        ids = store.dead_letter_ids(selection.filter, limit=self._max_per_request)
+        total = store.count_dead_letters(selection.filter)
+        return store.dead_letters_by_id(ids), max(total - len(ids), 0)
 
-    def replay_many(self, who: Principal, body: ReplayMany) -> dict[str, Any]:
+    def replay_many(self, who: Principal, body: ReplayMany) -> JobStarted:
         """Start a replay job (:mod:`redrive.service.replay_jobs`) over the selection,
         after checking every destination; it runs in the background."""
         ops = self._ops
         rows, remaining = self._select(body)
         if not rows:
-            raise ActionRefused(400, "nothing to replay: no dead letter matches")
+            raise Invalid("nothing to replay: no dead letter matches")
         try:
             for row in rows:
                 self._replayer.target_of(row, body.destination)
         except ReplayRefused as exc:
-            raise ActionRefused(400, str(exc)) from None
-        ids = [int(r["id"]) for r in rows]
+            raise Invalid(str(exc)) from None
+        ids = [r.id for r in rows]
         rate = body.rate or self._rate_per_second
         try:
-            job_id = ops.create_replay_job(
+            job_id = self._store.replay_jobs.create(
                 actor=who.name,
                 role=who.role,
                 destination=body.destination,
                 keep=body.keep,
                 rate=rate,
-                flt=body.filter,
+                filter_json=None
+                if body.filter is None
+                else body.filter.model_dump_json(exclude_none=True),
                 ids=ids,
             )
         except JobOverlap as exc:
-            raise ActionRefused(409, f"{exc}: wait for it to end, or cancel it") from None
+            raise Conflict(f"{exc}: wait for it to end, or cancel it") from None
         ops.audit(
             actor=who.name,
             role=who.role,
@@ -257,34 +263,34 @@ class OperatorActions:
             },
         )
         self._wake_replay_jobs()
-        job = ops.replay_job(job_id)
+        job = self._store.replay_jobs.get(job_id, with_failures=True)
         assert job is not None
-        return {"job": job, "remaining": remaining}
+        return JobStarted(job, remaining)
 
-    def cancel_replay_job(self, who: Principal, job_id: int) -> dict[str, Any]:
+    def cancel_replay_job(self, who: Principal, job_id: int) -> ReplayJob:
+        """Cancel a running job; answers the job as it is then."""
         ops = self._ops
-        before = ops.cancel_replay_job(job_id, who.name)
+        before = self._store.replay_jobs.cancel(job_id, who.name)
         if before is None:
-            raise ActionRefused(404, f"no replay job {job_id}")
+            raise NotFound(f"no replay job {job_id}")
         if before != "running":
-            raise ActionRefused(409, f"replay job {job_id} is {before} already")
-        job = ops.replay_job(job_id)
+            raise Conflict(f"replay job {job_id} is {before} already")
+        job = self._store.replay_jobs.get(job_id, with_failures=True)
         assert job is not None
         ops.audit(
             actor=who.name,
             role=who.role,
             action="cancel-replay-job",
-            count=int(job["cancelled"]),
-            detail={"job": job_id, "sent": int(job["sent"])},
+            count=job.cancelled,
+            detail={"job": job_id, "sent": job.sent},
         )
-        return {"job": job}
+        return job
 
     def delete_one(self, who: Principal, letter_id: int) -> dict[str, Any]:
-        ops = self._ops
-        deleted = ops.delete_dead_letters([letter_id])
+        deleted = self._store.delete_dead_letters([letter_id])
         if not deleted:
-            raise ActionRefused(404, f"no dead letter {letter_id}")
-        ops.audit(actor=who.name, role=who.role, action="delete", ids=deleted, count=1)
+            raise NotFound(f"no dead letter {letter_id}")
+        self._ops.audit(actor=who.name, role=who.role, action="delete", ids=deleted, count=1)
         return {"deleted": 1, "ids": deleted}
 
     def delete_many(self, who: Principal, body: Selection) -> dict[str, Any]:
@@ -293,8 +299,8 @@ class OperatorActions:
             ids = body.ids
         else:
             assert body.filter is not None
-            ids = ops.dead_letter_ids(body.filter, limit=1_000_000)
-        deleted = ops.delete_dead_letters(ids)
+            ids = self._store.dead_letter_ids(body.filter, limit=1_000_000)
+        deleted = self._store.delete_dead_letters(ids)
         ops.audit(
             actor=who.name,
             role=who.role,
@@ -308,7 +314,7 @@ class OperatorActions:
     def retry_now(self, who: Principal, pending_id: int) -> dict[str, Any]:
         ops = self._ops
         if not ops.retry_now(pending_id, now_ms()):
-            raise ActionRefused(404, f"no pending retry {pending_id} (delivered or cancelled?)")
+            raise NotFound(f"no pending retry {pending_id} (delivered or cancelled?)")
         self._wake_scheduler()
         ops.audit(actor=who.name, role=who.role, action="retry-now", ids=[pending_id], count=1)
         return {"retried": 1, "id": pending_id}
@@ -316,6 +322,6 @@ class OperatorActions:
     def cancel(self, who: Principal, pending_id: int) -> dict[str, Any]:
         ops = self._ops
         if not ops.cancel(pending_id, who.name):
-            raise ActionRefused(404, f"no pending retry {pending_id} (delivered or cancelled?)")
+            raise NotFound(f"no pending retry {pending_id} (delivered or cancelled?)")
         ops.audit(actor=who.name, role=who.role, action="cancel", ids=[pending_id], count=1)
         return {"cancelled": 1, "id": pending_id}

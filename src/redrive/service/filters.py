@@ -1,8 +1,9 @@
-"""Search filters for dead letters and pending retries, and their cursors.
+"""Search filters for dead letters and pending retries, and their cursors: the API's
+query models (validation, the OpenAPI document).
 
-Filters become SQL from fixed fragments with every value passed as a parameter, so
-no search text can change a query. Pagination is by cursor (the sort key of the last
-row seen), which stays correct while rows come and go, unlike offsets.
+A filter is the store's search (:mod:`redrive.service.store.searches`, which makes it
+SQL) as the API takes it. Pagination is by cursor (the sort key of the last row
+seen), which stays correct while rows come and go, unlike offsets.
 
 Every value is checked here for what PostgreSQL would refuse once the query runs (a
 NUL in text, a lone surrogate that is not UTF-8, an integer beyond bigint), so a bad
@@ -126,10 +127,8 @@ FilterTime = Annotated[datetime, BeforeValidator(_iso_only), AfterValidator(_awa
 RowId = Annotated[int, Field(ge=1, le=INT64_MAX)]
 
 
-def _like(text: str) -> str:
-    """A LIKE pattern matching `text` anywhere, with LIKE's wildcards taken literally."""
-    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    return f"%{escaped}%"
+# The models' docstrings are their descriptions in the OpenAPI document. Each filter
+# is a search of the store (store/searches.py), which makes it SQL.
 
 
 class DeadLetterFilter(BaseModel):
@@ -168,38 +167,6 @@ class DeadLetterFilter(BaseModel):
     def is_empty(self) -> bool:
         return all(v is None for v in self.model_dump().values())
 
-    def where(self) -> tuple[str, list[Any]]:
-        clauses: list[str] = []
-        params: list[Any] = []
-        if self.topic is not None:
-            clauses.append("topic = %s")
-            params.append(self.topic)
-        if self.group is not None:
-            clauses.append("group_id = %s")
-            params.append(self.group)
-        if self.error_type is not None:
-            clauses.append("error_type = %s")
-            params.append(self.error_type)
-        if self.text is not None:
-            clauses.append("error_message ILIKE %s")
-            params.append(_like(self.text))
-        if self.reason is not None:
-            clauses.append("(reason_code = %s OR reason ILIKE %s)")
-            params += [self.reason, _like(self.reason)]
-        if self.source is not None:
-            clauses.append("source = %s")
-            params.append(self.source)
-        if self.ingested_from is not None:
-            clauses.append("source LIKE 'ingest:%%' AND request_topic = %s")
-            params.append(self.ingested_from)
-        if self.since is not None:
-            clauses.append("dead_at >= %s")
-            params.append(self.since)
-        if self.until is not None:
-            clauses.append("dead_at < %s")
-            params.append(self.until)
-        return (" AND ".join(clauses) or "TRUE"), params
-
 
 class PendingFilter(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -208,23 +175,6 @@ class PendingFilter(BaseModel):
     group: StorableText | None = _text(1024)
     due_after_ms: int | None = Field(None, ge=0, le=INT64_MAX)
     due_before_ms: int | None = Field(None, ge=0, le=INT64_MAX)
-
-    def where(self) -> tuple[str, list[Any]]:
-        clauses: list[str] = []
-        params: list[Any] = []
-        if self.destination is not None:
-            clauses.append("destination = %s")
-            params.append(self.destination)
-        if self.group is not None:
-            clauses.append("group_id = %s")
-            params.append(self.group)
-        if self.due_after_ms is not None:
-            clauses.append("due_ms >= %s")
-            params.append(self.due_after_ms)
-        if self.due_before_ms is not None:
-            clauses.append("due_ms < %s")
-            params.append(self.due_before_ms)
-        return (" AND ".join(clauses) or "TRUE"), params
 
 
 def encode_cursor(*parts: int) -> str:

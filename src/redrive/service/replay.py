@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
 
 from redrive.headers import Header, is_redrive_header
 from redrive.kafka import produce_patiently
+from redrive.service.store import DeadLetter
 
 
 class ReplayRefused(ValueError):
@@ -39,12 +39,12 @@ class Edit:
 
 
 def replayed_message(
-    row: dict[str, Any], edit: Edit | None = None
+    letter: DeadLetter, edit: Edit | None = None
 ) -> tuple[bytes | None, list[Header]]:
     """The value and headers a dead letter is replayed with (its key is unchanged):
     the user's headers only, edited if asked."""
-    headers = [(k, v) for k, v in row["headers"] if not is_redrive_header(k)]
-    value = row["msg_value"]
+    headers = [(k, v) for k, v in letter.headers if not is_redrive_header(k)]
+    value = letter.msg_value
     if edit is not None:
         value = edit.value if edit.value is not None else value
         if edit.headers is not None:
@@ -61,13 +61,13 @@ class Target:
     partition: int | None
 
 
-def original_partition(row: dict[str, Any], topic: str, partitions: int) -> int | None:
+def original_partition(letter: DeadLetter, topic: str, partitions: int) -> int | None:
     """The partition the letter was read from, if it is replayed to the topic it was
     read from and that topic (of ``partitions`` now) still has it; else None."""
-    partition = row.get("original_partition")
-    if partition is None or topic != row.get("original_topic"):
+    partition = letter.original_partition
+    if partition is None or topic != letter.original_topic:
         return None
-    return int(partition) if 0 <= partition < partitions else None
+    return partition if 0 <= partition < partitions else None
 
 
 class Replayer:
@@ -81,26 +81,26 @@ class Replayer:
         self._allowed = destination_allowed
         self._partitions_of = partitions_of
 
-    def target_of(self, row: dict[str, Any], override: str | None) -> Target:
+    def target_of(self, letter: DeadLetter, override: str | None) -> Target:
         """Where the letter goes (``override``, else its topic), checked; refused with
         ReplayRefused if it may not go there."""
-        destination = override or row.get("topic") or row.get("original_topic")
+        destination = override or letter.topic or letter.original_topic
         if not destination:
-            raise ReplayRefused(f"dead letter {row['id']} has no topic; name a destination")
+            raise ReplayRefused(f"dead letter {letter.id} has no topic; name a destination")
         if not self._allowed(destination):
             raise ReplayRefused(f"destination not allowed: {destination!r} is not in the allowlist")
         partitions = self._partitions_of(destination)
         if partitions is None:
             raise ReplayRefused(f"destination topic {destination!r} does not exist")
-        return Target(str(destination), original_partition(row, destination, partitions))
+        return Target(destination, original_partition(letter, destination, partitions))
 
     def replay(
-        self, row: dict[str, Any], *, destination: str | None = None, edit: Edit | None = None
+        self, letter: DeadLetter, *, destination: str | None = None, edit: Edit | None = None
     ) -> bool:
         """Send one dead letter (bulk replays are jobs: :mod:`.replay_jobs`); True once
         the broker acknowledged it. Checks the destination before sending."""
-        target = self.target_of(row, destination)
-        value, headers = replayed_message(row, edit)
+        target = self.target_of(letter, destination)
+        value, headers = replayed_message(letter, edit)
         acked: list[bool] = []
 
         def done(err: KafkaError | None, msg: Message) -> None:
@@ -109,7 +109,7 @@ class Replayer:
         produce_patiently(
             self._producer,
             target.topic,
-            key=row["msg_key"],
+            key=letter.msg_key,
             value=value,
             headers=headers,
             on_delivery=done,

@@ -49,7 +49,7 @@ from confluent_kafka import (
 
 from redrive.kafka import produce_patiently
 from redrive.service.replay import Replayer, ReplayRefused, replayed_message
-from redrive.service.store import Placed, ReplayJobStore, Row, StoreUnavailable
+from redrive.service.store import DeadLetter, Placed, ReplayJob, ReplayJobStore, StoreUnavailable
 from redrive.transactional import TIMEOUT_S, retry_transactional
 
 log = structlog.get_logger("redrive.service.replay")
@@ -96,7 +96,7 @@ class ReplayJobRunner:
     def __init__(
         self,
         jobs: ReplayJobStore,
-        letters: Callable[[Sequence[int]], list[Row]],
+        letters: Callable[[Sequence[int]], list[DeadLetter]],
         replayer: Replayer,
         *,
         kafka_config: dict[str, Any],
@@ -149,8 +149,8 @@ class ReplayJobRunner:
             # Fences a previous runner of this job and completes its open transaction.
             retry_transactional(lambda: producer.init_transactions(TIMEOUT_S))
             self._settle_left_over(job_id)
-            if job["state"] == "running":
-                log.info("replay job running", job=job_id, total=job["total"], rate=job["rate"])
+            if job.state == "running":
+                log.info("replay job running", job=job_id, total=job.total, rate=job.rate)
                 self._send(job, producer)
         except KafkaException as exc:
             # Fenced (another runner took the job) or the broker refused the producer:
@@ -160,26 +160,28 @@ class ReplayJobRunner:
             producer.flush(5)
         self._finished(job_id)
 
-    def _send(self, job: Row, producer: Producer) -> None:
-        job_id = int(job["id"])
-        pace = Pace(float(job["rate"]), producer)
-        size = batch_size(float(job["rate"]))
+    def _send(self, job: ReplayJob, producer: Producer) -> None:
+        job_id = job.id
+        pace = Pace(job.rate, producer)
+        size = batch_size(job.rate)
         while not self._stop.is_set():
             ids = self._jobs.next_todo(job_id, limit=size)
             if not ids:
                 return
             rows = self._letters(ids)
-            found = {int(r["id"]) for r in rows}
+            found = {r.id for r in rows}
             if gone := [i for i in ids if i not in found]:
                 self._jobs.set_items(job_id, gone, "gone")
             if rows and not self._send_batch(job, producer, rows, pace):
                 return  # cancelled
 
-    def _send_batch(self, job: Row, producer: Producer, rows: list[Row], pace: Pace) -> bool:
+    def _send_batch(
+        self, job: ReplayJob, producer: Producer, rows: list[DeadLetter], pace: Pace
+    ) -> bool:
         """One batch in one transaction; False if the job was cancelled meanwhile. A
         letter the broker refuses is tried again alone, and marked failed if it is
         refused alone (its dead letter stays)."""
-        job_id = int(job["id"])
+        job_id = job.id
         retry_transactional(producer.begin_transaction)
         batch = self._produce(job, producer, rows, pace)
         if batch.refused:
@@ -206,12 +208,14 @@ class ReplayJobRunner:
         self._jobs.settle_sending(job_id, committed=True)
         return True
 
-    def _produce(self, job: Row, producer: Producer, rows: list[Row], pace: Pace) -> _Batch:
+    def _produce(
+        self, job: ReplayJob, producer: Producer, rows: list[DeadLetter], pace: Pace
+    ) -> _Batch:
         batch = _Batch({}, {})
         for row in rows:
-            letter = int(row["id"])
+            letter = row.id
             try:
-                target = self._replayer.target_of(row, job["destination"])
+                target = self._replayer.target_of(row, job.destination)
             except ReplayRefused as exc:  # its topic was deleted since the job began
                 batch.refused[letter] = str(exc)
                 continue
@@ -230,7 +234,7 @@ class ReplayJobRunner:
                 produce_patiently(
                     producer,
                     target.topic,
-                    key=row["msg_key"],
+                    key=row.msg_key,
                     value=value,
                     headers=headers,
                     on_delivery=done,
@@ -240,7 +244,7 @@ class ReplayJobRunner:
                 batch.refused[letter] = str(exc.args[0].str())
         producer.flush(TIMEOUT_S)
         for row in rows:
-            letter = int(row["id"])
+            letter = row.id
             if letter not in batch.placed and letter not in batch.refused:
                 batch.refused[letter] = "not acknowledged by the broker in time"
         return batch
@@ -298,22 +302,22 @@ class ReplayJobRunner:
 
     def _finished(self, job_id: int) -> None:
         job = self._jobs.get(job_id)
-        if job is None or job["state"] != "done":
+        if job is None or job.state != "done":
             return
         sent = self._jobs.sent_ids(job_id)
-        log.info("replay job done", job=job_id, sent=len(sent), failed=job["failed"])
+        log.info("replay job done", job=job_id, sent=len(sent), failed=job.failed)
         self._audit(
-            actor=job["actor"],
-            role=job["role"],
+            actor=job.actor,
+            role=job.role,
             action="replay",
             ids=sent,
             count=len(sent),
             detail={
                 "job": job_id,
-                "destination": job["destination"],
-                "kept": job["keep"],
-                "failed": job["failed"],
-                "gone": job["gone"],
+                "destination": job.destination,
+                "kept": job.keep,
+                "failed": job.failed,
+                "gone": job.gone,
             },
         )
 

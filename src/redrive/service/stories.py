@@ -1,10 +1,10 @@
 """A record's story: from its first failure through each retry to its delivery or
 dead letter, told from the steps the store keeps (:mod:`.store.history`).
 
-Pure: rows in, stories out. A record is one (group, original topic, partition,
-offset). Each retry request the service received for it is one failed attempt: the
-request's `attempt` k says the k-th try failed (the first try is the original
-delivery). A delivered retry is try k + 1; the consumer reports nothing when a try
+Pure: steps (:class:`.store.Step`) in, stories out. A record is one (group, original
+topic, partition, offset). Each retry request the service received for it is one
+failed attempt: the request's `attempt` k says the k-th try failed (the first try is
+the original delivery). A delivered retry is try k + 1; the consumer reports nothing when a try
 succeeds, so a record whose last retry was delivered, with no failure after it, is
 told as delivered on that try. A dead letter ends the story; a pending retry leaves
 it waiting.
@@ -22,7 +22,7 @@ from itertools import groupby
 from typing import Any
 
 from redrive.headers import ERROR_MESSAGE, ERROR_TYPE, split_headers
-from redrive.service.store import Row
+from redrive.service.store import Step
 
 RecordId = tuple[str | None, str | None, int | None, int | None]
 
@@ -35,78 +35,75 @@ def _text(value: bytes | None) -> str | None:
     return None if value is None else value.decode("utf-8", errors="replace")
 
 
-def _record_of(row: Row) -> RecordId | tuple[str, int]:
-    if row["original_topic"] is None or row["original_offset"] is None:
-        return ("step", int(row["id"]))  # nothing to tie it to others: a story alone
-    return (
-        row["group_id"],
-        row["original_topic"],
-        row["original_partition"],
-        row["original_offset"],
-    )
+def _record_of(step: Step) -> RecordId | tuple[str, int]:
+    if step.original_topic is None or step.original_offset is None:
+        return ("step", step.id)  # nothing to tie it to others: a story alone
+    return (step.group_id, step.original_topic, step.original_partition, step.original_offset)
 
 
-def _failure(row: Row) -> dict[str, Any]:
-    if row["kind"] == "dead":
-        error_type, message = row["error_type"], row["error_message"]
+def _failure(step: Step) -> dict[str, Any]:
+    if step.kind == "dead":
+        error_type, message = step.error_type, step.error_message
     else:
-        redrive, _ = split_headers(row["headers"])
+        redrive, _ = split_headers(step.headers)
         error_type, message = _text(redrive.get(ERROR_TYPE)), _text(redrive.get(ERROR_MESSAGE))
     return {
         "event": "failed",
-        "attempt": row["attempt"],
-        "at_ms": _ms(row["received_at"] or row["ended_at"]),
+        "attempt": step.attempt,
+        "at_ms": _ms(step.received_at or step.ended_at),
         "error_type": error_type,
         "error_message": message,
     }
 
 
-def story(rows: list[Row]) -> dict[str, Any]:
+def story(steps: list[Step]) -> dict[str, Any]:
     """The story of one record from its steps (in attempt order)."""
-    first, last = rows[0], rows[-1]
+    first, last = steps[0], steps[-1]
     events: list[dict[str, Any]] = []
-    for row in rows:
-        events.append(_failure(row))
-        if row["kind"] == "dead":
+    for step in steps:
+        events.append(_failure(step))
+        if step.kind == "dead":
             events.append(
                 {
                     "event": "dead_letter",
-                    "at_ms": _ms(row["ended_at"]),
-                    "dead_letter_id": row["id"],
-                    "reason_code": row["reason_code"],
-                    "reason": row["reason"],
+                    "at_ms": _ms(step.ended_at),
+                    "dead_letter_id": step.id,
+                    "reason_code": step.reason_code,
+                    "reason": step.reason,
                 }
             )
             continue
-        received = _ms(row["received_at"])
+        # A retry (pending or delivered) always has a due time; only a dead letter has none.
+        due_ms = step.due_ms or 0
+        received = _ms(step.received_at)
         events.append(
             {
                 "event": "scheduled",
-                "attempt": row["attempt"] + 1,
-                "due_ms": row["due_ms"],
-                "delay_ms": None if received is None else row["due_ms"] - received,
-                "pending_id": row["id"],
+                "attempt": step.attempt + 1,
+                "due_ms": step.due_ms,
+                "delay_ms": None if received is None else due_ms - received,
+                "pending_id": step.id,
             }
         )
-        if row["kind"] == "delivered":
+        if step.kind == "delivered":
             events.append(
-                {"event": "delivered", "attempt": row["attempt"] + 1, "at_ms": _ms(row["ended_at"])}
+                {"event": "delivered", "attempt": step.attempt + 1, "at_ms": _ms(step.ended_at)}
             )
-    state = last["kind"]
-    attempts = max(r["attempt"] for r in rows) + (1 if state == "delivered" else 0)
+    state = last.kind
+    attempts = max(s.attempt for s in steps) + (1 if state == "delivered" else 0)
     return {
-        "group": first["group_id"],
-        "topic": first["original_topic"],
-        "partition": first["original_partition"],
-        "offset": first["original_offset"],
-        "key": first["msg_key"],
-        "destination": last["topic"],
+        "group": first.group_id,
+        "topic": first.original_topic,
+        "partition": first.original_partition,
+        "offset": first.original_offset,
+        "key": first.msg_key,
+        "destination": last.topic,
         "state": state,
         "attempts": attempts,
         "events": events,
     }
 
 
-def stories(rows: Iterable[Row]) -> list[dict[str, Any]]:
-    """One story per record, in the order the rows come (the store sorts them)."""
-    return [story(list(steps)) for _, steps in groupby(rows, key=_record_of)]
+def stories(steps: Iterable[Step]) -> list[dict[str, Any]]:
+    """One story per record, in the order the steps come (the store sorts them)."""
+    return [story(list(group)) for _, group in groupby(steps, key=_record_of)]

@@ -8,7 +8,8 @@ its one door. Callers get typed methods, never a connection:
   for rows stored before they were kept);
 - :mod:`.claims`: the scheduler's claims of due rows and what became of them;
 - :mod:`.key_queues`: the retries of one key delivered one at a time, in order;
-- :mod:`.dead_letters`, :mod:`.pending`: what operators browse, delete and retry;
+- :mod:`.dead_letters`, :mod:`.pending`: what operators browse, delete and retry,
+  found by the searches of :mod:`.searches`;
 - :mod:`.stats`: the per-minute counters and the dashboard's totals;
 - :mod:`.history`: delivered retries kept for a while, and a record's steps;
 - :mod:`.audit`: the log of operator actions;
@@ -16,6 +17,8 @@ its one door. Callers get typed methods, never a connection:
 - :mod:`.tokens`: the API tokens' names, roles and digests;
 - :mod:`.wakeups`: the NOTIFY that wakes schedulers for rows due sooner;
 - :mod:`.identity`: the store's own id, which intake names in its commits;
+- :mod:`.read_models`: what the reads give, one typed value per row (nothing above
+  the store reads a column by name);
 - :mod:`.rows`: values between Python and the columns.
 
 Every method runs in its own transaction on a pooled connection. When PostgreSQL is
@@ -50,26 +53,44 @@ from redrive.service.store.audit import AuditEntry
 from redrive.service.store.claims import Claim, ClaimedRetry, DeadRow, Settlement
 from redrive.service.store.intake_writes import Stored
 from redrive.service.store.pending import MadeDue
+from redrive.service.store.read_models import (
+    AuditRecord,
+    DeadLetter,
+    JobFailure,
+    Pending,
+    ReplayJob,
+    Step,
+    StoredMessage,
+)
 from redrive.service.store.replay_jobs import JobOverlap, Placed, ReplayJobStore
-from redrive.service.store.rows import Condition, Row
+from redrive.service.store.rows import Row
+from redrive.service.store.searches import DeadLetterSearch, PendingSearch
 from redrive.service.store.wakeups import NOTIFY_CHANNEL
 
 __all__ = [
     "NOTIFY_CHANNEL",
     "AuditEntry",
+    "AuditRecord",
     "Claim",
     "ClaimedRetry",
-    "Condition",
+    "DeadLetter",
+    "DeadLetterSearch",
     "DeadRow",
+    "JobFailure",
     "JobOverlap",
     "MadeDue",
+    "Pending",
+    "PendingSearch",
     "Placed",
+    "ReplayJob",
     "ReplayJobStore",
     "Row",
     "Settlement",
+    "Step",
     "Store",
     "StoreUnavailable",
     "Stored",
+    "StoredMessage",
 ]
 
 
@@ -214,26 +235,31 @@ class Store:
     # ------------------------------------------------------------------ dead letters
 
     def find_dead_letters(
-        self, condition: Condition, *, before_id: int | None = None, limit: int
-    ) -> list[Row]:
-        """Up to `limit` letters matching `condition`, newest first, older than
+        self, search: DeadLetterSearch, *, before_id: int | None = None, limit: int
+    ) -> list[DeadLetter]:
+        """Up to `limit` letters matching `search`, newest first, older than
         `before_id` when given."""
         with self._conn() as conn:
-            return dead_letters.newest(conn, condition, before_id=before_id, limit=limit)
+            return dead_letters.newest(conn, search, before_id=before_id, limit=limit)
 
-    def dead_letters_by_id(self, ids: Sequence[int]) -> list[Row]:
+    def dead_letters_by_id(self, ids: Sequence[int]) -> list[DeadLetter]:
         """The letters of these ids that exist, by id."""
         with self._conn() as conn:
             return dead_letters.by_ids(conn, ids)
 
-    def dead_letter_ids(self, condition: Condition, *, limit: int) -> list[int]:
-        """Ids `condition` matches, oldest first (the order a replay sends them in)."""
-        with self._conn() as conn:
-            return dead_letters.ids(conn, condition, limit=limit)
+    def dead_letter_by_id(self, letter_id: int) -> DeadLetter | None:
+        """The letter of this id, or None if it is gone (replayed or deleted)."""
+        rows = self.dead_letters_by_id([letter_id])
+        return rows[0] if rows else None
 
-    def count_dead_letters(self, condition: Condition) -> int:
+    def dead_letter_ids(self, search: DeadLetterSearch, *, limit: int) -> list[int]:
+        """Ids `search` matches, oldest first (the order a replay sends them in)."""
         with self._conn() as conn:
-            return dead_letters.count(conn, condition)
+            return dead_letters.ids(conn, search, limit=limit)
+
+    def count_dead_letters(self, search: DeadLetterSearch) -> int:
+        with self._conn() as conn:
+            return dead_letters.count(conn, search)
 
     def delete_dead_letters(self, ids: Sequence[int]) -> list[int]:
         """Delete; returns the ids that existed."""
@@ -248,20 +274,20 @@ class Store:
     # ------------------------------------------------------------------ pending retries
 
     def find_pending(
-        self, condition: Condition, *, after: tuple[int, int] | None = None, limit: int
-    ) -> list[Row]:
-        """Up to `limit` retries matching `condition`, first due first, after the
+        self, search: PendingSearch, *, after: tuple[int, int] | None = None, limit: int
+    ) -> list[Pending]:
+        """Up to `limit` retries matching `search`, first due first, after the
         (due_ms, id) sort key `after` when given."""
         with self._conn() as conn:
-            return pending.first_due(conn, condition, after=after, limit=limit)
+            return pending.first_due(conn, search, after=after, limit=limit)
 
-    def pending_by_id(self, pending_id: int) -> Row | None:
+    def pending_by_id(self, pending_id: int) -> Pending | None:
         with self._conn() as conn:
             return pending.by_id(conn, pending_id)
 
     def pending_queue(
         self, order_queue: bytes, *, after: tuple[int, int, int] | None = None, limit: int
-    ) -> list[Row]:
+    ) -> list[Pending]:
         """Up to `limit` rows of a key queue, head first, after the (original_offset,
         attempt, id) sort key `after` when given."""
         with self._conn() as conn:
@@ -296,7 +322,7 @@ class Store:
         topic: str | None = None,
         partition: int | None = None,
         offset: int | None = None,
-    ) -> list[Row]:
+    ) -> list[Step]:
         """The steps of the records with this key or at these original coordinates,
         across pending retries, history and dead letters, in story order."""
         with self._conn() as conn:
@@ -320,7 +346,7 @@ class Store:
         with self._conn() as conn:
             audit.append(conn, entry)
 
-    def audit_entries(self, *, before_id: int | None = None, limit: int) -> list[Row]:
+    def audit_entries(self, *, before_id: int | None = None, limit: int) -> list[AuditRecord]:
         """Up to `limit` audit entries, newest first, older than `before_id` when given."""
         with self._conn() as conn:
             return audit.newest(conn, before_id=before_id, limit=limit)

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import class_row
 
-from redrive.service.store.rows import Row
+from redrive.service.store.read_models import AuditRecord
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,10 +41,12 @@ def append(conn: psycopg.Connection[Any], entry: AuditEntry) -> None:
     )
 
 
-def newest(conn: psycopg.Connection[Any], *, before_id: int | None, limit: int) -> list[Row]:
+def newest(
+    conn: psycopg.Connection[Any], *, before_id: int | None, limit: int
+) -> list[AuditRecord]:
     """Up to `limit` entries, newest first, older than `before_id`."""
     where, params = ("TRUE", []) if before_id is None else ("id < %s", [before_id])
-    with conn.cursor(row_factory=dict_row) as cur:
+    with conn.cursor(row_factory=class_row(AuditRecord)) as cur:
         return cur.execute(
             f"SELECT id, at, actor, role, action, ids, filter, count, detail "
             f"FROM redrive_audit WHERE {where} ORDER BY id DESC LIMIT %s".encode(),

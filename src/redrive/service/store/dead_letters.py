@@ -1,7 +1,8 @@
 """Reading and deleting dead letters, for operators (the API, the UI, replays).
 
 Newest first when browsing, oldest first when listing ids to replay; a filter comes
-in as a :class:`Condition`. Rows come back decoded (:func:`rows.decoded`).
+in as a :class:`.searches.DeadLetterSearch`. Letters come back as
+:class:`.read_models.DeadLetter`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import psycopg
 from psycopg.rows import dict_row
 
 from redrive.service.store.packed_headers import unpack_headers
-from redrive.service.store.rows import Condition, Row, decoded
+from redrive.service.store.read_models import DeadLetter
+from redrive.service.store.rows import Row, decoded
+from redrive.service.store.searches import DeadLetterSearch, dead_letters_where
 
 COLUMNS: Final = """
 id, topic, msg_key, msg_value, headers, attempt, group_id, original_topic,
@@ -23,16 +26,16 @@ request_offset, dead_at
 """
 
 
-def _select(conn: psycopg.Connection[Any], sql: str, params: Sequence[Any]) -> list[Row]:
+def _select(conn: psycopg.Connection[Any], sql: str, params: Sequence[Any]) -> list[DeadLetter]:
     with conn.cursor(row_factory=dict_row) as cur:
-        return decoded(cur.execute(sql.encode(), params).fetchall())
+        return [DeadLetter(**row) for row in decoded(cur.execute(sql.encode(), params).fetchall())]
 
 
 def newest(
-    conn: psycopg.Connection[Any], condition: Condition, *, before_id: int | None, limit: int
-) -> list[Row]:
-    """Up to `limit` letters matching `condition`, newest first, older than `before_id`."""
-    where, params = condition.where()
+    conn: psycopg.Connection[Any], search: DeadLetterSearch, *, before_id: int | None, limit: int
+) -> list[DeadLetter]:
+    """Up to `limit` letters matching `search`, newest first, older than `before_id`."""
+    where, params = dead_letters_where(search)
     if before_id is not None:
         where += " AND id < %s"
         params.append(before_id)
@@ -40,21 +43,21 @@ def newest(
     return _select(conn, sql, [*params, limit])
 
 
-def by_ids(conn: psycopg.Connection[Any], ids: Sequence[int]) -> list[Row]:
+def by_ids(conn: psycopg.Connection[Any], ids: Sequence[int]) -> list[DeadLetter]:
     """The letters of these ids that exist, by id."""
     sql = f"SELECT {COLUMNS} FROM redrive_dead_letters WHERE id = ANY(%s) ORDER BY id"
     return _select(conn, sql, (list(ids),))
 
 
-def ids(conn: psycopg.Connection[Any], condition: Condition, *, limit: int) -> list[int]:
-    """Ids `condition` matches, oldest first (the order a replay sends them in)."""
-    where, params = condition.where()
+def ids(conn: psycopg.Connection[Any], search: DeadLetterSearch, *, limit: int) -> list[int]:
+    """Ids `search` matches, oldest first (the order a replay sends them in)."""
+    where, params = dead_letters_where(search)
     sql = f"SELECT id FROM redrive_dead_letters WHERE {where} ORDER BY id LIMIT %s"
     return [r[0] for r in conn.execute(sql.encode(), [*params, limit]).fetchall()]
 
 
-def count(conn: psycopg.Connection[Any], condition: Condition) -> int:
-    where, params = condition.where()
+def count(conn: psycopg.Connection[Any], search: DeadLetterSearch) -> int:
+    where, params = dead_letters_where(search)
     sql = f"SELECT count(*) FROM redrive_dead_letters WHERE {where}"
     row = conn.execute(sql.encode(), params).fetchone()
     return int(row[0]) if row else 0

@@ -20,7 +20,8 @@ from typing import Any, Final
 import psycopg
 from psycopg.rows import dict_row
 
-from redrive.service.store.rows import Row, decoded
+from redrive.service.store.read_models import Step
+from redrive.service.store.rows import decoded
 
 COLUMNS: Final = (
     "id, destination, msg_key, headers, attempt, group_id, original_topic, "
@@ -92,7 +93,7 @@ def steps(
     partition: int | None = None,
     offset: int | None = None,
     limit: int = MAX_STEPS,
-) -> list[Row]:
+) -> list[Step]:
     """Every step of the records with this key, or at these original coordinates
     (a topic, and optionally its partition and offset), in story order."""
     conditions: list[str] = []
@@ -114,7 +115,8 @@ def steps(
     where = " AND ".join(conditions)
     sql = _STEPS.format(history=where, pending=where, dead=where)
     with conn.cursor(row_factory=dict_row) as cur:
-        return decoded(cur.execute(sql.encode(), [*params * 3, limit]).fetchall())
+        rows = decoded(cur.execute(sql.encode(), [*params * 3, limit]).fetchall())
+    return [Step(**row) for row in rows]
 
 
 def count(conn: psycopg.Connection[Any]) -> int:

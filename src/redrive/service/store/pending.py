@@ -1,9 +1,9 @@
 """Reading pending retries and making one due now, for operators.
 
-First due first when browsing; a filter comes in as a :class:`Condition`. Rows come
-back decoded (:func:`rows.decoded`). A row of a key queue (:mod:`.key_queues`) comes
-back with its queue's facts: ``queue_head_id`` and ``queue_length`` (and, for one row
-or one queue's listing, ``queue_position``: 0 for the head).
+First due first when browsing; a filter comes in as a :class:`.searches.PendingSearch`.
+Retries come back as :class:`.read_models.Pending`; one of a key queue
+(:mod:`.key_queues`) with its queue's facts: ``queue_head_id`` and ``queue_length``
+(and, for one row or one queue's listing, ``queue_position``: 0 for the head).
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ import psycopg
 from psycopg.rows import dict_row
 
 from redrive.service.store.key_queues import QUEUE_ORDER
-from redrive.service.store.rows import Condition, Row, decoded
+from redrive.service.store.read_models import Pending
+from redrive.service.store.rows import Row, decoded
+from redrive.service.store.searches import PendingSearch, pending_where
 from redrive.service.store.wakeups import notify_due
 
 COLUMNS: Final = """
@@ -46,6 +48,11 @@ MadeDue = Literal["due", "gone", "behind", "delivered"]
 held in its key's queue (behind its head, or delivered and awaiting its consumer)."""
 
 
+def _select(conn: psycopg.Connection[Any], sql: str, params: Any) -> list[Row]:
+    with conn.cursor(row_factory=dict_row) as cur:
+        return _with_queues(conn, decoded(cur.execute(sql.encode(), params).fetchall()))
+
+
 def _with_queues(conn: psycopg.Connection[Any], rows: list[Row]) -> list[Row]:
     """Rows with their key queues' head and length (None for rows that keep no order)."""
     queues = sorted({bytes(r["order_queue"]) for r in rows if r["order_queue"] is not None})
@@ -62,33 +69,30 @@ def _with_queues(conn: psycopg.Connection[Any], rows: list[Row]) -> list[Row]:
 
 def first_due(
     conn: psycopg.Connection[Any],
-    condition: Condition,
+    search: PendingSearch,
     *,
     after: tuple[int, int] | None,
     limit: int,
-) -> list[Row]:
-    """Up to `limit` retries matching `condition`, first due first, after the (due_ms,
+) -> list[Pending]:
+    """Up to `limit` retries matching `search`, first due first, after the (due_ms,
     id) sort key `after`."""
-    where, params = condition.where()
+    where, params = pending_where(search)
     if after is not None:
         where += " AND (due_ms, id) > (%s, %s)"
         params += list(after)
     sql = f"SELECT {COLUMNS} FROM redrive_pending WHERE {where} ORDER BY due_ms, id LIMIT %s"
-    with conn.cursor(row_factory=dict_row) as cur:
-        rows = decoded(cur.execute(sql.encode(), [*params, limit]).fetchall())
-    return _with_queues(conn, rows)
+    return [Pending(**row) for row in _select(conn, sql, [*params, limit])]
 
 
-def by_id(conn: psycopg.Connection[Any], pending_id: int) -> Row | None:
-    sql = f"SELECT {COLUMNS} FROM redrive_pending WHERE id = %s"
-    with conn.cursor(row_factory=dict_row) as cur:
-        rows = decoded(cur.execute(sql.encode(), (pending_id,)).fetchall())
+def by_id(conn: psycopg.Connection[Any], pending_id: int) -> Pending | None:
+    """The retry with its place in its key's queue (if it keeps its key's order)."""
+    rows = _select(conn, f"SELECT {COLUMNS} FROM redrive_pending WHERE id = %s", (pending_id,))
     if not rows:
         return None
-    row = _with_queues(conn, rows)[0]
+    row = rows[0]
     if row["order_queue"] is not None:
         row["queue_position"] = _position(conn, row)
-    return row
+    return Pending(**row)
 
 
 def _position(conn: psycopg.Connection[Any], row: Row) -> int:
@@ -108,7 +112,7 @@ def queue(
     *,
     after: tuple[int, int, int] | None,
     limit: int,
-) -> list[Row]:
+) -> list[Pending]:
     """Up to `limit` rows of a key queue in its order (head first), after the
     (original_offset, attempt, id) sort key `after`; each with its place in the queue."""
     where = "order_queue = %s"
@@ -122,13 +126,10 @@ def queue(
         )
         params += [after[0], after[0], after[1], after[1], after[2]]
     sql = f"SELECT {COLUMNS} FROM redrive_pending WHERE {where} ORDER BY {QUEUE_ORDER} LIMIT %s"
-    with conn.cursor(row_factory=dict_row) as cur:
-        rows = _with_queues(conn, decoded(cur.execute(sql.encode(), [*params, limit]).fetchall()))
+    rows = _select(conn, sql, [*params, limit])
     # The rows of a page are consecutive: the first one's place gives the others'.
     first = 0 if after is None or not rows else _position(conn, rows[0])
-    for place, row in enumerate(rows, start=first):
-        row["queue_position"] = place
-    return rows
+    return [Pending(**row, queue_position=place) for place, row in enumerate(rows, start=first)]
 
 
 def make_due(conn: psycopg.Connection[Any], pending_id: int, now_ms: int) -> MadeDue:

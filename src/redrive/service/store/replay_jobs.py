@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import class_row
 
-from redrive.service.store.rows import Row
+from redrive.service.store.read_models import JobFailure, ReplayJob
 
 LIVE: Final = ("todo", "sending")
 # The advisory lock's first key: "rply"; the second is the job id (see try_lock).
@@ -103,9 +103,9 @@ count(*) FILTER (WHERE i.state = 'cancelled') AS cancelled
 """
 
 
-def get(conn: psycopg.Connection[Any], job_id: int) -> Row | None:
+def get(conn: psycopg.Connection[Any], job_id: int) -> ReplayJob | None:
     """The job with its counts by item state, or None."""
-    with conn.cursor(row_factory=dict_row) as cur:
+    with conn.cursor(row_factory=class_row(ReplayJob)) as cur:
         return cur.execute(
             f"SELECT {_JOB_COLUMNS} FROM redrive_replay_jobs j"
             " LEFT JOIN redrive_replay_job_items i ON i.job_id = j.id"
@@ -114,10 +114,10 @@ def get(conn: psycopg.Connection[Any], job_id: int) -> Row | None:
         ).fetchone()
 
 
-def newest(conn: psycopg.Connection[Any], *, before_id: int | None, limit: int) -> list[Row]:
+def newest(conn: psycopg.Connection[Any], *, before_id: int | None, limit: int) -> list[ReplayJob]:
     """Up to `limit` jobs with their counts, newest first, older than `before_id`."""
     where, params = ("TRUE", []) if before_id is None else ("j.id < %s", [before_id])
-    with conn.cursor(row_factory=dict_row) as cur:
+    with conn.cursor(row_factory=class_row(ReplayJob)) as cur:
         return cur.execute(
             f"SELECT {_JOB_COLUMNS} FROM redrive_replay_jobs j"
             " LEFT JOIN redrive_replay_job_items i ON i.job_id = j.id"
@@ -126,9 +126,9 @@ def newest(conn: psycopg.Connection[Any], *, before_id: int | None, limit: int) 
         ).fetchall()
 
 
-def failures(conn: psycopg.Connection[Any], job_id: int, *, limit: int) -> list[Row]:
+def failures(conn: psycopg.Connection[Any], job_id: int, *, limit: int) -> list[JobFailure]:
     """The job's refused letters and why, first sent first."""
-    with conn.cursor(row_factory=dict_row) as cur:
+    with conn.cursor(row_factory=class_row(JobFailure)) as cur:
         return cur.execute(
             "SELECT dead_letter_id, error FROM redrive_replay_job_items"
             " WHERE job_id = %s AND state = 'failed' ORDER BY position LIMIT %s",
@@ -310,17 +310,17 @@ class ReplayJobStore:
         with self._conn() as conn:
             return create(conn, **job)
 
-    def get(self, job_id: int) -> Row | None:
+    def get(self, job_id: int, *, with_failures: bool = False) -> ReplayJob | None:
+        """The job; with its refused letters (the first 100) when asked."""
         with self._conn() as conn:
-            return get(conn, job_id)
+            job = get(conn, job_id)
+            if job is None or not with_failures or not job.failed:
+                return job
+            return replace(job, failures=tuple(failures(conn, job_id, limit=100)))
 
-    def newest(self, *, before_id: int | None = None, limit: int) -> list[Row]:
+    def newest(self, *, before_id: int | None = None, limit: int) -> list[ReplayJob]:
         with self._conn() as conn:
             return newest(conn, before_id=before_id, limit=limit)
-
-    def failures(self, job_id: int, *, limit: int = 100) -> list[Row]:
-        with self._conn() as conn:
-            return failures(conn, job_id, limit=limit)
 
     def live_job_of(self, ids: Sequence[int]) -> tuple[int, int] | None:
         with self._conn() as conn:

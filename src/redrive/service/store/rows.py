@@ -2,25 +2,18 @@
 
 In: text for a display column, which PostgreSQL cannot store with a NUL in it, and
 row ids as one array. Out: rows as dicts, their headers unpacked and their key and
-value as bytes.
+value as bytes, which the reads make into their values (:mod:`.read_models`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any, Protocol, TypeAlias
+from typing import Any, TypeAlias
 
 from redrive.service.store.packed_headers import unpack_headers
 
 Row: TypeAlias = dict[str, Any]
 """One row as a dict of column name to value."""
-
-
-class Condition(Protocol):
-    """A filter that narrows a query: a SQL condition on the table's columns and its
-    parameters (as the API's dead-letter and pending filters give)."""
-
-    def where(self) -> tuple[str, list[Any]]: ...
 
 
 def clean_text(text: str | None) -> str | None:

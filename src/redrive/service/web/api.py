@@ -4,9 +4,9 @@ audit log.
 Reads are open to anyone who can reach the port unless `require_token_for_reads`
 is set (then a viewer token is needed); every mutation needs an operator token
 (`Authorization: Bearer rdv_...`) and is done by the operator actions (actions.py),
-which write the audit log. A refusal of an action (ActionRefused, or PendingHeld: a
-key queue's order) or a cursor this API did not return (FilterError) is answered by
-the app's handlers (app.py).
+which write the audit log. A refusal of an action (an ActionRefused of its kind: not
+found, conflict, invalid, not acknowledged) or a cursor this API did not return
+(FilterError) is answered by the app's handlers (app.py), which choose its status.
 """
 
 import json
@@ -28,7 +28,7 @@ from redrive.service.filters import (
     PendingFilter,
     RecordQuery,
 )
-from redrive.service.web.deps import Actions, Ops, Settings, TokenBook
+from redrive.service.web.deps import Actions, Ops, Settings, StoreDep, TokenBook
 from redrive.service.web.representations import (
     audit_entry,
     dead_letter_detail,
@@ -212,8 +212,8 @@ def export_dead_letters(who: Reader, ops: Ops, flt: Filter) -> NdjsonResponse:
 
 
 @router.get("/dead-letters/{letter_id:int}", responses=_errors(404), openapi_extra=READ)
-def get_dead_letter(who: Reader, ops: Ops, letter_id: LetterId) -> dict[str, Any]:
-    row = ops.dead_letter(letter_id)
+def get_dead_letter(who: Reader, store: StoreDep, letter_id: LetterId) -> dict[str, Any]:
+    row = store.dead_letter_by_id(letter_id)
     if row is None:
         raise HTTPException(404, f"no dead letter {letter_id}")
     return dead_letter_detail(row)
@@ -235,9 +235,8 @@ def replay_many(
     """Start a replay job over the selection; it runs in the background (follow it at
     the `Location` answered, GET /api/v1/jobs/{job_id})."""
     started = actions.replay_many(who, body)
-    job = replay_job_view(started["job"])
-    response.headers["location"] = f"/api/v1/jobs/{job['id']}"
-    return {"job": job, "remaining": started["remaining"]}
+    response.headers["location"] = f"/api/v1/jobs/{started.job.id}"
+    return {"job": replay_job_view(started.job), "remaining": started.remaining}
 
 
 @router.delete("/dead-letters/{letter_id:int}", responses=_errors(403, 404))
@@ -262,8 +261,8 @@ def list_pending(
 
 
 @router.get("/pending/{pending_id:int}", responses=_errors(404), openapi_extra=READ)
-def get_pending(who: Reader, ops: Ops, pending_id: PendingId) -> dict[str, Any]:
-    row = ops.pending_one(pending_id)
+def get_pending(who: Reader, store: StoreDep, pending_id: PendingId) -> dict[str, Any]:
+    row = store.pending_by_id(pending_id)
     if row is None:
         raise HTTPException(404, f"no pending retry {pending_id} (delivered or cancelled?)")
     return pending_view(row, full=True)
@@ -279,10 +278,10 @@ def get_pending_queue(
     if found is None:
         raise HTTPException(404, f"no pending retry {pending_id} (delivered or cancelled?)")
     row, rows, nxt = found
-    if row["order_queue"] is None:
+    if row.order_queue is None:
         raise HTTPException(404, f"pending retry {pending_id} keeps no key order (no queue)")
     return {
-        "id": row["id"],
+        "id": row.id,
         "order_state": order_state(row),
         "queue": queue_view(row),
         "items": [queue_item(r) for r in rows],
@@ -336,8 +335,8 @@ def list_jobs(who: Reader, ops: Ops, limit: Limit = 50, cursor: Cursor = None) -
 
 
 @router.get("/jobs/{job_id:int}", responses=_errors(404), openapi_extra=READ)
-def get_job(who: Reader, ops: Ops, job_id: JobId) -> dict[str, Any]:
-    job = ops.replay_job(job_id)
+def get_job(who: Reader, store: StoreDep, job_id: JobId) -> dict[str, Any]:
+    job = store.replay_jobs.get(job_id, with_failures=True)
     if job is None:
         raise HTTPException(404, f"no replay job {job_id}")
     return replay_job_view(job)
@@ -346,22 +345,22 @@ def get_job(who: Reader, ops: Ops, job_id: JobId) -> dict[str, Any]:
 @router.post("/jobs/{job_id:int}/cancel", responses=_errors(403, 404, 409))
 def cancel_job(who: Operator, actions: Actions, job_id: JobId) -> dict[str, Any]:
     """Stop a running job: the letters it has not sent stay dead letters."""
-    return replay_job_view(actions.cancel_replay_job(who, job_id)["job"])
+    return replay_job_view(actions.cancel_replay_job(who, job_id))
 
 
 # ------------------------------------------------------------------ stats, audit
 
 
 @router.get("/stats", openapi_extra=READ)
-def stats(who: Reader, ops: Ops) -> dict[str, Any]:
-    return ops.stats()
+def stats(who: Reader, store: StoreDep) -> dict[str, Any]:
+    return store.totals()
 
 
 @router.get("/stats/rates", openapi_extra=READ)
 def rates(
-    who: Reader, ops: Ops, minutes: Annotated[int, Query(ge=1, le=1440)] = 60
+    who: Reader, store: StoreDep, minutes: Annotated[int, Query(ge=1, le=1440)] = 60
 ) -> dict[str, Any]:
-    return {"minutes": minutes, "series": ops.rates(minutes)}
+    return {"minutes": minutes, "series": store.rates(minutes)}
 
 
 @router.get("/audit", responses=_errors(400), openapi_extra=READ)

@@ -3,7 +3,9 @@
 `create_app` is the one entry: it takes from the retry service, once, the few things
 the routes use (`Collaborators`, kept on `app.state`, handed out by deps.py), includes
 the module-level routers, and installs the rules every route shares: refusals as
-`{"detail": "<sentence>"}`, a 405 naming every allowed method, the body limit.
+`{"detail": "<sentence>"}` with the HTTP status of their kind (`STATUS_OF`, the one
+place the domain's refusals become statuses), a 405 naming every allowed method,
+the body limit.
 """
 
 from pathlib import Path
@@ -19,11 +21,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match, Mount
 from starlette.types import Scope
 
-from redrive.service.actions import ActionRefused, OperatorActions
+from redrive.service.actions import OperatorActions
 from redrive.service.auth import Tokens
 from redrive.service.config import ServiceSettings
 from redrive.service.filters import FilterError
-from redrive.service.operations import Operations, PendingHeld
+from redrive.service.operations import Operations
+from redrive.service.refusals import ActionRefused, Conflict, Invalid, NotAcknowledged, NotFound
 from redrive.service.replay import Replayer
 from redrive.service.web import api, forms, pages, probes
 from redrive.service.web.deps import Collaborators
@@ -68,11 +71,14 @@ class ServiceApp(FastAPI):
 
 def collaborators_of(service: Service) -> Collaborators:
     settings, operations = service.settings, service.operations
+    store = operations.store
     return Collaborators(
         settings=settings,
+        store=store,
         operations=operations,
         tokens=service.tokens,
         actions=OperatorActions(
+            store,
             operations,
             service.replayer,
             service.wake_scheduler,
@@ -80,7 +86,7 @@ def collaborators_of(service: Service) -> Collaborators:
             replay_rate_per_second=settings.replay_rate_per_second,
             replay_max_per_request=settings.replay_max_per_request,
         ),
-        pages=Pages(operations.stats, settings, service.version),
+        pages=Pages(store.totals, settings, service.version),
         registry=service.exposed_metrics,
         readiness=service.readiness,
     )
@@ -106,7 +112,6 @@ def create_app(service: Service) -> FastAPI:
         return await http_exception_handler(request, exc)
 
     app.add_exception_handler(ActionRefused, _action_refused)
-    app.add_exception_handler(PendingHeld, _action_refused)
     app.add_exception_handler(FilterError, _filter_refused)
     app.add_exception_handler(pages.PageRefused, pages.page_refused)
 
@@ -119,11 +124,25 @@ def create_app(service: Service) -> FastAPI:
     return app
 
 
+STATUS_OF: dict[type[ActionRefused], int] = {
+    Invalid: 400,
+    NotFound: 404,
+    Conflict: 409,
+    # The broker is the server behind this one, and it failed: a bad gateway.
+    NotAcknowledged: 502,
+}
+
+
+def status_of(refusal: ActionRefused) -> int:
+    """The HTTP status a refusal is answered with, by its kind."""
+    return next(status for kind, status in STATUS_OF.items() if isinstance(refusal, kind))
+
+
 def _action_refused(request: Request, exc: Exception) -> Response:
     """An operator action refused through the API (by the action, or by a key queue's
-    order): its status and sentence."""
-    assert isinstance(exc, ActionRefused | PendingHeld)
-    return JSONResponse({"detail": exc.detail}, status_code=exc.status)
+    order): the status of its kind, and its sentence."""
+    assert isinstance(exc, ActionRefused)
+    return JSONResponse({"detail": exc.detail}, status_code=status_of(exc))
 
 
 def _filter_refused(request: Request, exc: Exception) -> Response:

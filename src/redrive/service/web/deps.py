@@ -16,12 +16,14 @@ from redrive.service.actions import OperatorActions
 from redrive.service.auth import Tokens
 from redrive.service.config import ServiceSettings
 from redrive.service.operations import Operations
+from redrive.service.store import Store
 from redrive.service.web.templating import Pages
 
 
 @dataclass(frozen=True, slots=True)
 class Collaborators:
     settings: ServiceSettings
+    store: Store
     operations: Operations
     tokens: Tokens
     actions: OperatorActions
@@ -37,6 +39,10 @@ def collaborators(request: Request) -> Collaborators:
 
 async def _settings(request: Request) -> ServiceSettings:
     return collaborators(request).settings
+
+
+async def _store(request: Request) -> Store:
+    return collaborators(request).store
 
 
 async def _operations(request: Request) -> Operations:
@@ -56,6 +62,7 @@ async def _pages(request: Request) -> Pages:
 
 
 Settings = Annotated[ServiceSettings, Depends(_settings)]
+StoreDep = Annotated[Store, Depends(_store)]
 Ops = Annotated[Operations, Depends(_operations)]
 TokenBook = Annotated[Tokens, Depends(_tokens)]
 Actions = Annotated[OperatorActions, Depends(_actions)]

@@ -27,9 +27,9 @@ from redrive.service.actions import (
 )
 from redrive.service.auth import ANONYMOUS, Principal, Tokens
 from redrive.service.filters import INT64_MAX
-from redrive.service.operations import Operations
+from redrive.service.store import Store
 from redrive.service.web import session
-from redrive.service.web.deps import Actions, Ops, PagesDep, TokenBook
+from redrive.service.web.deps import Actions, PagesDep, StoreDep, TokenBook
 from redrive.service.web.pages import per_second
 from redrive.service.web.params import (
     REFUSALS,
@@ -42,7 +42,6 @@ from redrive.service.web.params import (
     plural,
     query,
 )
-from redrive.service.web.representations import replay_job_view
 from redrive.service.web.templating import Pages
 
 NEEDS_OPERATOR = "This action needs an operator token: sign in with an operator token."
@@ -59,7 +58,7 @@ class Posted:
     who: Principal
     pages: Pages
     actions: OperatorActions
-    ops: Operations
+    store: Store
 
     def field(self, name: str) -> str:
         return field(self.form, name)
@@ -87,7 +86,7 @@ def form_action(path: str) -> Callable[[FormAction], FormAction]:
             pages: Pages,
             tokens: Tokens,
             actions: OperatorActions,
-            ops: Operations,
+            store: Store,
         ) -> Response:
             who = session.signed_in(request, tokens)
             if not session.csrf_ok(request, form):
@@ -105,15 +104,19 @@ def form_action(path: str) -> Callable[[FormAction], FormAction]:
                 return pages.error(
                     request, who, 403, "Operator token needed", NEEDS_OPERATOR, login_next=back
                 )
-            response = fn(Posted(request, form, who, pages, actions, ops))
+            response = fn(Posted(request, form, who, pages, actions, store))
             pages.stats.clear()
             return response
 
         async def endpoint(
-            request: Request, pages: PagesDep, tokens: TokenBook, actions: Actions, ops: Ops
+            request: Request,
+            pages: PagesDep,
+            tokens: TokenBook,
+            actions: Actions,
+            store: StoreDep,
         ) -> Response:
             form = await request.form()
-            return await run_in_threadpool(checked, request, form, pages, tokens, actions, ops)
+            return await run_in_threadpool(checked, request, form, pages, tokens, actions, store)
 
         endpoint.__name__ = f"ui_{fn.__name__}"
         router.add_api_route(path, endpoint, methods=["POST"], response_class=HTMLResponse)
@@ -181,7 +184,7 @@ def bulk(p: Posted) -> Response:
         except ValueError as exc:
             return p.redirect(back, "error", f"Bad filter: {exc}")
         body = {"filter": flt, "all": p.field("all") == "1"}
-        count = p.ops.count_dead_letters(flt)
+        count = p.store.count_dead_letters(flt)
         described = describe_filter(raw)
         what = (
             f"all {plural(count, 'dead letter')} matching {described}"
@@ -220,18 +223,17 @@ def _replay_many(p: Posted, body: dict[str, Any], back: str) -> Response:
         started = p.actions.replay_many(p.who, replay)
     except REFUSALS as exc:
         return p.redirect(back, "error", f"Replay refused: {explain(exc)}")
-    job = replay_job_view(started["job"])
+    job = started.job
     text = (
-        f"Replay job {job['id']} started: {plural(job['total'], 'dead letter')} "
-        f"at {per_second(job['rate'])}."
+        f"Replay job {job.id} started: {plural(job.total, 'dead letter')} "
+        f"at {per_second(job.rate)}."
     )
-    if started["remaining"]:
+    if started.remaining:
         # Replaying again now would pick the letters this job still has to send.
         text += (
-            f" {started['remaining']:,} more match: replay again for the rest once this job "
-            "is done."
+            f" {started.remaining:,} more match: replay again for the rest once this job is done."
         )
-    return p.redirect(f"/jobs/{job['id']}", "ok", text)
+    return p.redirect(f"/jobs/{job.id}", "ok", text)
 
 
 @form_action("/dead-letters/{letter_id:int}/replay")
@@ -246,8 +248,8 @@ def replay(p: Posted) -> Response:
     if edited:
         raw_value = p.form.get("value")
         value = raw_value if isinstance(raw_value, str) else ""
-        row = p.ops.dead_letter(letter_id)
-        original = row["msg_value"] if row else None
+        row = p.store.dead_letter_by_id(letter_id)
+        original = row.msg_value if row else None
         # Browsers send a textarea's line breaks as CRLF: keep the original's style.
         if original is None or b"\r\n" not in original:
             value = value.replace("\r\n", "\n")
@@ -306,10 +308,10 @@ def cancel_job(p: Posted) -> Response:
         )
         return p.confirm(question, "Cancel job", here, danger=True)
     try:
-        job = p.actions.cancel_replay_job(p.who, job_id)["job"]
+        job = p.actions.cancel_replay_job(p.who, job_id)
     except REFUSALS as exc:
         return p.redirect(here, "error", f"Cancel refused: {explain(exc)}")
-    unsent = plural(int(job["cancelled"]), "dead letter")
+    unsent = plural(job.cancelled, "dead letter")
     return p.redirect(here, "ok", f"Replay job {job_id} cancelled: {unsent} not sent (kept).")
 
 

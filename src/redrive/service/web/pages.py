@@ -21,10 +21,10 @@ from pydantic import ValidationError
 from redrive.headers import is_redrive_header
 from redrive.service.auth import Principal
 from redrive.service.filters import INT64_MAX, FilterError, PendingFilter, RecordQuery
-from redrive.service.operations import Operations
+from redrive.service.store import Pending, ReplayJob, Store
 from redrive.service.web import session
 from redrive.service.web.charts import breakdown, chart
-from redrive.service.web.deps import Ops, PagesDep, Settings, TokenBook
+from redrive.service.web.deps import Ops, PagesDep, Settings, StoreDep, TokenBook
 from redrive.service.web.formatting import payload_view
 from redrive.service.web.params import (
     FILTER_FIELDS,
@@ -95,13 +95,9 @@ def story_url(topic: str | None, partition: int | None, offset: int | None) -> s
     return "/records" + query(topic=topic, partition=part, offset=str(offset))
 
 
-def _with_story(row: dict[str, Any], shown: dict[str, Any]) -> dict[str, Any]:
+def _with_story(row: Pending, shown: dict[str, Any]) -> dict[str, Any]:
     """A pending retry as shown, with its record's coordinates and story link."""
-    topic, partition, offset = (
-        row["original_topic"],
-        row["original_partition"],
-        row["original_offset"],
-    )
+    topic, partition, offset = row.original_topic, row.original_partition, row.original_offset
     return {
         **shown,
         "original": {"topic": topic, "partition": partition, "offset": offset},
@@ -110,9 +106,9 @@ def _with_story(row: dict[str, Any], shown: dict[str, Any]) -> dict[str, Any]:
 
 
 @router.get("/", response_class=HTMLResponse)
-def overview(request: Request, who: Reader, pages: PagesDep, ops: Ops) -> Response:
+def overview(request: Request, who: Reader, pages: PagesDep, store: StoreDep) -> Response:
     stats = pages.stats.get(fresh=True)
-    series = ops.rates(60)
+    series = store.rates(60)
     dead, pending = stats["dead_letters"], stats["pending"]
     return pages.render(
         request,
@@ -176,7 +172,7 @@ def pending_queue(
     except FilterError as exc:
         error = explain(exc)
         found = ops.pending_queue(pending_id, limit=PAGE_SIZE)
-    if found is None or found[0]["order_queue"] is None:
+    if found is None or found[0].order_queue is None:
         text = (
             f"Pending retry {pending_id} does not exist: it was delivered or cancelled."
             if found is None
@@ -203,7 +199,9 @@ def pending_queue(
 
 
 @router.get("/dead-letters", response_class=HTMLResponse)
-def dead_letters(request: Request, who: Reader, pages: PagesDep, ops: Ops) -> Response:
+def dead_letters(
+    request: Request, who: Reader, pages: PagesDep, ops: Ops, store: StoreDep
+) -> Response:
     q = request.query_params
     cursor = field(q, "cursor")
     raw = {name: field(q, name) for name in FILTER_FIELDS}
@@ -212,7 +210,7 @@ def dead_letters(request: Request, who: Reader, pages: PagesDep, ops: Ops) -> Re
         flt, raw = dead_letter_filter(q)
         found, next_cursor = ops.dead_letters(flt, limit=PAGE_SIZE, cursor=cursor or None)
         rows = [dead_letter_summary(r) for r in found]
-        matching = ops.count_dead_letters(flt)
+        matching = store.count_dead_letters(flt)
     except (ValueError, FilterError) as exc:
         error = str(exc)
     filter_query = {k: v for k, v in raw.items() if v}
@@ -242,10 +240,10 @@ def dead_letters(request: Request, who: Reader, pages: PagesDep, ops: Ops) -> Re
 
 @router.get("/dead-letters/{letter_id:int}", response_class=HTMLResponse)
 def dead_letter(
-    request: Request, letter_id: int, who: Reader, pages: PagesDep, ops: Ops
+    request: Request, letter_id: int, who: Reader, pages: PagesDep, store: StoreDep
 ) -> Response:
     back = local_url(request.query_params.get("back"), "/dead-letters", "/dead-letters")
-    row = ops.dead_letter(letter_id)
+    row = store.dead_letter_by_id(letter_id)
     if row is None:
         return pages.error(
             request,
@@ -413,7 +411,7 @@ def _filter_fields(flt: dict[str, Any]) -> dict[str, str]:
     return raw
 
 
-def _job(row: dict[str, Any]) -> dict[str, Any]:
+def _job(row: ReplayJob) -> dict[str, Any]:
     """A job as the pages show it: the API's view, with its selection in words."""
     job = replay_job_view(row)
     flt = job["filter"]
@@ -433,9 +431,11 @@ def _job(row: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _replay_job(ops: Operations, job_id: int) -> dict[str, Any] | None:
+def _replay_job(store: Store, job_id: int) -> ReplayJob | None:
     # A bigserial id; anything else is no job (PostgreSQL would refuse it).
-    return ops.replay_job(job_id) if 1 <= job_id <= INT64_MAX else None
+    if not 1 <= job_id <= INT64_MAX:
+        return None
+    return store.replay_jobs.get(job_id, with_failures=True)
 
 
 @router.get("/jobs", response_class=HTMLResponse)
@@ -461,8 +461,8 @@ def jobs(request: Request, who: Reader, pages: PagesDep, ops: Ops) -> Response:
 
 
 @router.get("/jobs/{job_id:int}", response_class=HTMLResponse)
-def job(request: Request, job_id: int, who: Reader, pages: PagesDep, ops: Ops) -> Response:
-    row = _replay_job(ops, job_id)
+def job(request: Request, job_id: int, who: Reader, pages: PagesDep, store: StoreDep) -> Response:
+    row = _replay_job(store, job_id)
     if row is None:
         text = f"Replay job {job_id} does not exist."
         return pages.error(request, who, 404, "Not found", text, back="/jobs")
@@ -470,10 +470,10 @@ def job(request: Request, job_id: int, who: Reader, pages: PagesDep, ops: Ops) -
 
 
 @router.get("/jobs/{job_id:int}.json")
-def job_progress(job_id: int, who: Reader, ops: Ops) -> Response:
+def job_progress(job_id: int, who: Reader, store: StoreDep) -> Response:
     """The job page's live progress (ui.js polls it). Not the API's GET /api/v1/jobs/{id}:
     that takes bearer tokens only, and a page's script has the session cookie."""
-    row = _replay_job(ops, job_id)
+    row = _replay_job(store, job_id)
     if row is None:
         return JSONResponse(
             {"detail": f"no replay job {job_id}"}, 404, headers=session.SECURITY_HEADERS

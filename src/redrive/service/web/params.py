@@ -11,9 +11,8 @@ from urllib.parse import urlencode
 from fastapi import Request
 from pydantic import ValidationError
 
-from redrive.service.actions import ActionRefused
 from redrive.service.filters import DeadLetterFilter, FilterError
-from redrive.service.operations import PendingHeld
+from redrive.service.refusals import ActionRefused
 
 FILTER_FIELDS = (
     "topic",
@@ -39,11 +38,11 @@ FILTER_LABELS = {
 }
 
 # What an operator action or a filter may refuse with; `explain` says why in a sentence.
-REFUSALS = (ActionRefused, PendingHeld, ValidationError, FilterError, ValueError)
+REFUSALS = (ActionRefused, ValidationError, FilterError, ValueError)
 
 
 def explain(exc: Exception) -> str:
-    if isinstance(exc, ActionRefused | PendingHeld):
+    if isinstance(exc, ActionRefused):
         return exc.detail
     if isinstance(exc, ValidationError):
         parts = []

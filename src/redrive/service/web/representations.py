@@ -13,7 +13,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-Row = dict[str, Any]
+from redrive.service.store import AuditRecord, DeadLetter, Pending, ReplayJob, StoredMessage
 
 HEX_PREVIEW_BYTES = 64 * 1024
 # A payload's JSON is shown parsed only up to this nesting: responses are serialized
@@ -80,144 +80,147 @@ def _time(value: Any) -> str | None:
     return value.isoformat() if isinstance(value, datetime) else None
 
 
-def dead_letter_summary(row: Row) -> dict[str, Any]:
-    key = row["msg_key"]
+def _original(row: StoredMessage) -> dict[str, Any]:
+    """Where the record was first consumed."""
     return {
-        "id": row["id"],
-        "topic": row["topic"],
-        "group": row["group_id"],
-        "error_type": row["error_type"],
-        "error_message": row["error_message"],
-        "reason_code": row["reason_code"],
-        "reason": row["reason"],
-        "attempt": row["attempt"],
-        "key": _utf8(key) if key is not None else None,
-        "dead_at": _time(row["dead_at"]),
+        "topic": row.original_topic,
+        "partition": row.original_partition,
+        "offset": row.original_offset,
     }
 
 
-def dead_letter_detail(row: Row) -> dict[str, Any]:
+def dead_letter_summary(row: DeadLetter) -> dict[str, Any]:
+    key = row.msg_key
+    return {
+        "id": row.id,
+        "topic": row.topic,
+        "group": row.group_id,
+        "error_type": row.error_type,
+        "error_message": row.error_message,
+        "reason_code": row.reason_code,
+        "reason": row.reason,
+        "attempt": row.attempt,
+        "key": _utf8(key) if key is not None else None,
+        "dead_at": _time(row.dead_at),
+    }
+
+
+def dead_letter_detail(row: DeadLetter) -> dict[str, Any]:
     return {
         **dead_letter_summary(row),
-        "key": render_bytes(row["msg_key"]),
-        "value": render_bytes(row["msg_value"]),
-        "headers": render_headers(row["headers"]),
-        "error_trace": row["error_trace"],
-        "source": row["source"],
-        "original": {
-            "topic": row["original_topic"],
-            "partition": row["original_partition"],
-            "offset": row["original_offset"],
-            "timestamp": row["original_timestamp"],
-        },
+        "key": render_bytes(row.msg_key),
+        "value": render_bytes(row.msg_value),
+        "headers": render_headers(row.headers),
+        "error_trace": row.error_trace,
+        "source": row.source,
+        "original": {**_original(row), "timestamp": row.original_timestamp},
         "request": {
-            "topic": row["request_topic"],
-            "partition": row["request_partition"],
-            "offset": row["request_offset"],
+            "topic": row.request_topic,
+            "partition": row.request_partition,
+            "offset": row.request_offset,
         },
     }
 
 
-def order_state(row: Row) -> str | None:
+def order_state(row: Pending) -> str | None:
     """Where a pending retry stands in its key's queue: None (it keeps no order),
     "head" (next to go, at its due time), "delivered" (out, awaiting its consumer),
     "behind" (held until the rows before it are done)."""
-    if row.get("order_queue") is None:
+    if row.order_queue is None:
         return None
-    if row["delivered_ms"] is not None:
+    if row.delivered_ms is not None:
         return "delivered"
-    return "behind" if row["held"] else "head"
+    return "behind" if row.held else "head"
 
 
-def queue_view(row: Row) -> dict[str, Any] | None:
+def queue_view(row: Pending) -> dict[str, Any] | None:
     """The key queue of a pending retry: its id (hex), its head's id, how many rows it
     holds and how many of them wait behind the head; with this row's place (0: the
     head) when it was counted."""
-    if row.get("order_queue") is None:
+    if row.order_queue is None:
         return None
-    length = int(row["queue_length"])
+    length = row.queue_length
     out: dict[str, Any] = {
-        "id": bytes(row["order_queue"]).hex(),
-        "head_id": row["queue_head_id"],
+        "id": row.order_queue.hex(),
+        "head_id": row.queue_head_id,
         "length": length,
         "behind": max(length - 1, 0),
     }
-    if "queue_position" in row:
-        out["position"] = row["queue_position"]
+    if row.queue_position is not None:
+        out["position"] = row.queue_position
     return out
 
 
-def pending_view(row: Row, *, full: bool) -> dict[str, Any]:
+def pending_view(row: Pending, *, full: bool) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "id": row["id"],
-        "due_ms": row["due_ms"],
-        "destination": row["destination"],
-        "partition": row["dest_partition"],
-        "attempt": row["attempt"],
-        "group": row["group_id"],
-        "deadline_ms": row["deadline_ms"],
-        "received_at": _time(row["received_at"]),
+        "id": row.id,
+        "due_ms": row.due_ms,
+        "destination": row.destination,
+        "partition": row.dest_partition,
+        "attempt": row.attempt,
+        "group": row.group_id,
+        "deadline_ms": row.deadline_ms,
+        "received_at": _time(row.received_at),
         "order_state": order_state(row),
-        "delivered_ms": row.get("delivered_ms"),
+        "delivered_ms": row.delivered_ms,
         "queue": queue_view(row),
     }
     if full:
         out |= {
-            "key": render_bytes(row["msg_key"]),
-            "value": render_bytes(row["msg_value"]),
-            "headers": render_headers(row["headers"]),
-            "original": {
-                "topic": row["original_topic"],
-                "partition": row["original_partition"],
-                "offset": row["original_offset"],
-            },
+            "key": render_bytes(row.msg_key),
+            "value": render_bytes(row.msg_value),
+            "headers": render_headers(row.headers),
+            "original": _original(row),
         }
     return out
 
 
-def queue_item(row: Row) -> dict[str, Any]:
+def queue_item(row: Pending) -> dict[str, Any]:
     """A row of a key queue's listing: the pending summary, with the original record's
     coordinates (the queue's order) and its place in the queue."""
     return {
         **pending_view(row, full=False),
-        "position": row.get("queue_position"),
-        "original": {
-            "topic": row["original_topic"],
-            "partition": row["original_partition"],
-            "offset": row["original_offset"],
-        },
+        "position": row.queue_position,
+        "original": _original(row),
     }
 
 
-def audit_entry(row: Row) -> dict[str, Any]:
-    return {**row, "at": _time(row["at"]), "ids": list(row["ids"])}
+def audit_entry(row: AuditRecord) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "at": _time(row.at),
+        "actor": row.actor,
+        "role": row.role,
+        "action": row.action,
+        "ids": list(row.ids),
+        "filter": row.filter,
+        "count": row.count,
+        "detail": row.detail,
+    }
 
 
-def replay_job_view(row: Row) -> dict[str, Any]:
+def replay_job_view(row: ReplayJob) -> dict[str, Any]:
     """A replay job as the API and the job page show it: what was asked, and how far
     it got (`settled` letters of `total`: sent, failed, gone or cancelled)."""
-    counts = {name: int(row[name]) for name in ("sent", "failed", "gone", "cancelled")}
+    counts = {"sent": row.sent, "failed": row.failed, "gone": row.gone, "cancelled": row.cancelled}
     settled = sum(counts.values())
     return {
-        "id": row["id"],
-        "state": row["state"],
-        "actor": row["actor"],
-        "role": row["role"],
-        "destination": row["destination"],
-        "keep": row["keep"],
-        "rate": row["rate"],
-        "filter": row["filter"],
-        "total": row["total"],
+        "id": row.id,
+        "state": row.state,
+        "actor": row.actor,
+        "role": row.role,
+        "destination": row.destination,
+        "keep": row.keep,
+        "rate": row.rate,
+        "filter": row.filter,
+        "total": row.total,
         **counts,
         "settled": settled,
-        "progress": settled / row["total"] if row["total"] else 1.0,
-        "created_at": _time(row["created_at"]),
-        "finished_at": _time(row["finished_at"]),
-        "cancelled_by": row["cancelled_by"],
-        "failures": [
-            {"dead_letter_id": f["dead_letter_id"], "error": f["error"]}
-            for f in row.get("failures", [])
-        ],
+        "progress": settled / row.total if row.total else 1.0,
+        "created_at": _time(row.created_at),
+        "finished_at": _time(row.finished_at),
+        "cancelled_by": row.cancelled_by,
+        "failures": [{"dead_letter_id": f.dead_letter_id, "error": f.error} for f in row.failures],
     }
 
 

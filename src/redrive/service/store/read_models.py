@@ -1,0 +1,140 @@
+"""What the store's reads give: one frozen value per row, typed, built inside the store.
+
+Nothing above the store reads a column by name: the API's and the pages' views,
+the replays and the stories read these attributes, which the type checker sees. The
+attributes keep the columns' names (``msg_key``, ``dead_at``), so a reader of the SQL
+finds them; the names users see (the API's JSON fields) are chosen in the web wing.
+
+Every value comes decoded: headers as a header list, keys and values as bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from redrive.headers import Header
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMessage:
+    """What every stored message holds, retry or dead letter: its row's id, its key
+    and headers, the attempt that failed, and where its record was first consumed
+    (group, original topic, partition and offset)."""
+
+    id: int
+    msg_key: bytes | None
+    headers: list[Header]
+    attempt: int
+    group_id: str | None
+    original_topic: str | None
+    original_partition: int | None
+    original_offset: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter(StoredMessage):
+    """A dead letter: the message, where it was first consumed, why it died."""
+
+    topic: str | None
+    msg_value: bytes | None
+    original_timestamp: int | None
+    error_type: str | None
+    error_message: str | None
+    error_trace: str | None
+    reason_code: str
+    reason: str | None
+    source: str
+    request_topic: str | None
+    request_partition: int | None
+    request_offset: int | None
+    dead_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Pending(StoredMessage):
+    """A pending retry as read (a :class:`redrive.records.PendingRetry` is one to
+    store), with its key queue's facts when it keeps its key's order (``order_queue``
+    set): the queue's head and length, and this row's place in it (0: the head) when
+    the read counted it (None: not counted)."""
+
+    due_ms: int
+    destination: str
+    dest_partition: int | None
+    msg_value: bytes | None
+    deadline_ms: int | None
+    request_topic: str | None
+    request_partition: int | None
+    request_offset: int | None
+    received_at: datetime | None
+    order_queue: bytes | None
+    held: bool
+    delivered_ms: int | None
+    queue_head_id: int | None = None
+    queue_length: int = 0
+    queue_position: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Step(StoredMessage):
+    """One step of a record's story, from any of the three tables: ``kind`` is
+    "pending", "delivered" or "dead"; ``ended_at`` when it was delivered or died;
+    the reason and error only for a dead letter (a retry's are in its headers)."""
+
+    kind: str
+    topic: str | None
+    due_ms: int | None
+    received_at: datetime | None
+    ended_at: datetime | None
+    reason_code: str | None
+    reason: str | None
+    error_type: str | None
+    error_message: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class AuditRecord:
+    """An entry of the audit log as read back: when, and the filter and detail parsed."""
+
+    id: int
+    at: datetime
+    actor: str
+    role: str
+    action: str
+    ids: list[int]
+    filter: dict[str, Any] | None
+    count: int
+    detail: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class JobFailure:
+    """A letter the broker refused in a replay job, and why."""
+
+    dead_letter_id: int
+    error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayJob:
+    """A replay job and its letters' counts by state; ``failures`` are its refused
+    letters when the read asked for them (else empty)."""
+
+    id: int
+    state: str
+    actor: str
+    role: str
+    destination: str | None
+    keep: bool
+    rate: float
+    filter: dict[str, Any] | None
+    total: int
+    created_at: datetime
+    finished_at: datetime | None
+    cancelled_by: str | None
+    sent: int
+    failed: int
+    gone: int
+    cancelled: int
+    failures: tuple[JobFailure, ...] = ()
