@@ -16,6 +16,7 @@ import yaml
 from prometheus_client import CollectorRegistry
 
 from redrive.consumer.metrics import ConsumerMetrics
+from redrive.consumer.share.metrics import ShareMetrics
 from redrive.reasons import DeadLetterReason
 from redrive.service.metrics import ServiceMetrics
 from redrive.spark.metrics import OUTCOMES as SPARK_RECORD_OUTCOMES
@@ -92,9 +93,12 @@ def registries() -> list[CollectorRegistry]:
     service.ingested.labels(format="spring").inc()
     service.ingested_again.labels(format="spring").inc()
     service.repeats.labels(stage="retry").inc()
-    consumer = ConsumerMetrics()
+    consumer = ShareMetrics()  # an App's metrics, and a ShareApp's besides
     consumer.records.labels(topic="orders", outcome="handled").inc()
     consumer.breaker_state.labels(topic="orders").set(1)
+    consumer.acknowledgements.labels(topic="orders", type="accept").inc()
+    consumer.lock_released.labels(topic="orders").inc()
+    consumer.lock_outlived.labels(topic="orders").inc()
     spark = SparkMetrics()
     spark.record(
         {
