@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 
-from bench import consumer, kafka_raw, relay, replay_jobs, service
+from bench import consumer, kafka_raw, relay, replay_jobs, service, share
 from bench.common import Result, fresh_database, print_table, private_stack
 from redrive.local import StackStatus
 from redrive.logs import configure
@@ -173,6 +173,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
                         },
                     )
                 )
+            results += _share(stack.bootstrap, size["consumer_service"], rounds)
         if "spark" in chosen:
             results += _spark(stack.bootstrap, size["spark"])
         if "replay" in chosen:
@@ -312,6 +313,34 @@ def _best_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _round(figures: dict[str, Any]) -> dict[str, Any]:
     return {k: (round(v, 1) if isinstance(v, float) else v) for k, v in figures.items()}
+
+
+def _share(bootstrap: str, n: int, rounds: int) -> list[Result]:
+    """Benchmark 5's share-group rows (:mod:`bench.share`)."""
+    s = share.run(bootstrap, n, rounds)
+    print(f"share group: {s}")
+    ratio = s["redrive 1"] / s["bare"]
+    results = [
+        Result(
+            "5 consumer share group",
+            f"{ratio:.2f}x of a bare ShareConsumer loop (json handler)",
+            ">= 0.80x",
+            ratio >= 0.8,
+            {"n": n, "per_s": round(s["redrive 1"]), "bare_per_s": round(s["bare"])},
+        )
+    ]
+    for count in share.CONSUMERS[1:]:
+        per_s = s[f"redrive {count}"]
+        results.append(
+            Result(
+                f"5 consumer share group, {count} consumers",
+                f"{per_s / s['redrive 1']:.2f}x of one consumer, on one partition",
+                "-",
+                None,
+                {"n": n, "per_s": round(per_s), "one_per_s": round(s["redrive 1"])},
+            )
+        )
+    return results
 
 
 if __name__ == "__main__":

@@ -8,26 +8,18 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from confluent_kafka.admin import AdminClient
-from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
-from confluent_kafka.admin._resource import ResourceType
 
 from redrive import Message
+from redrive.consumer.share.group_terms import configure_group
 
 
 def read_from_start(bootstrap: str, group: str, lock_ms: int | None = None) -> None:
     """``share.auto.offset.reset=earliest`` for the group (a share group starts at the
     end of its topics unless told); ``lock_ms``: its records' acquisition lock."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
     settings = {"share.auto.offset.reset": "earliest"}
     if lock_ms is not None:
         settings["share.record.lock.duration.ms"] = str(lock_ms)
-    entries = [
-        ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)
-        for name, value in settings.items()
-    ]
-    resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=entries)
-    for future in admin.incremental_alter_configs([resource]).values():
-        future.result(30)
+    configure_group(AdminClient({"bootstrap.servers": bootstrap}), group, settings)
 
 
 @dataclass(frozen=True)

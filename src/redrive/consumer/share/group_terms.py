@@ -10,12 +10,13 @@ noticed later, as a handler that outlived it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import structlog
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
-from confluent_kafka.admin._config import ConfigResource
+from confluent_kafka.admin._config import AlterConfigOpType, ConfigEntry, ConfigResource
 from confluent_kafka.admin._resource import ResourceType
 
 log = structlog.get_logger("redrive.share")
@@ -59,3 +60,16 @@ def read_terms(admin: AdminClient, group: str, timeout_s: float = 15.0) -> Group
             delivery_limit=DEFAULT_DELIVERY_LIMIT,
         )
         return GroupTerms(DEFAULT_LOCK_MS, DEFAULT_DELIVERY_LIMIT)
+
+
+def configure_group(admin: AdminClient, group: str, settings: Mapping[str, str]) -> None:
+    """Set a share group's configuration (``share.auto.offset.reset``,
+    ``share.record.lock.duration.ms``...), as ``kafka-configs --entity-type groups``
+    does; the group needs no member yet. Raises KafkaException if the broker refuses."""
+    entries = [
+        ConfigEntry(name, value, incremental_operation=AlterConfigOpType.SET)
+        for name, value in settings.items()
+    ]
+    resource = ConfigResource(ResourceType.GROUP, group, incremental_configs=entries)
+    for future in admin.incremental_alter_configs([resource]).values():
+        future.result(30)
