@@ -270,9 +270,10 @@ def precision(
     seconds: int,
     workdir: Path,
     database_url: str | None = None,
+    due_within_ms: int = 10_000,
 ) -> dict[str, float]:
-    """`rate` requests per second for `seconds`, due at random within 1-10 s of sending;
-    lateness = arrival on the destination minus due time."""
+    """`rate` requests per second for `seconds`, due at random within 1-10 s of sending
+    (1 s to `due_within_ms`); lateness = arrival on the destination minus due time."""
     destination = create_topic(bootstrap, "bench-precision", 6)
     n = rate * seconds
     service, requests_topic = service_process(
@@ -289,7 +290,7 @@ def precision(
             destination,
             rate,
             seconds,
-            lambda: rng.randrange(1000, 10_000),
+            lambda: rng.randrange(1000, due_within_ms),
             each_second=service.sample_rss,
         )
         reader.join(120)

@@ -63,6 +63,10 @@ MAX_OFFSETS_PER_TRIGGER = 10_000
 # this rate, each due at random 1-10 s after it is sent.
 LATENESS_RATE = 2_000
 LATENESS_S = 30
+LATENESS_DUE_WITHIN_MS = 10_000
+# A smoke run (--quick): a lighter load, each request still waiting in state a second
+# or more.
+QUICK_LATENESS = (500, 2, 2_000)  # rate, seconds, due within (ms)
 # The streaming delivery comparison runs each side four times: fewer records keep it
 # to minutes.
 DELIVERY_RECORDS = 100_000
@@ -100,6 +104,8 @@ def run(bootstrap: str, n: int) -> list[Result]:
     from redrive.spark.session import spark_session, stop_with_jvm
 
     full = n >= 100_000  # else a smoke run (--quick): a few samples, a few seconds
+    # A smoke run measures the default delivery's lateness only, under a lighter load.
+    lateness = (LATENESS_RATE, LATENESS_S, LATENESS_DUE_WITHIN_MS) if full else QUICK_LATENESS
     spark = spark_session(f"redrive-bench-{uuid.uuid4().hex[:6]}")
     try:
         return [
@@ -107,11 +113,8 @@ def run(bootstrap: str, n: int) -> list[Result]:
             delivery(spark, bootstrap, min(n, DELIVERY_RECORDS)),
             latency(spark, bootstrap, samples=50 if full else 5),
             *scheduler(spark, bootstrap, n),
-            # A smoke run measures the default delivery's lateness only.
             *(
-                scheduler_lateness(
-                    spark, bootstrap, LATENESS_RATE, LATENESS_S if full else 3, delivery
-                )
+                scheduler_lateness(spark, bootstrap, *lateness, delivery)
                 for delivery in ((ExactlyOnce(), AtLeastOnce()) if full else (ExactlyOnce(),))
             ),
         ]
@@ -426,14 +429,15 @@ def scheduler(spark: Any, bootstrap: str, n: int) -> list[Result]:
 
 
 def scheduler_lateness(
-    spark: Any, bootstrap: str, rate: int, seconds: int, delivery: Delivery
+    spark: Any, bootstrap: str, rate: int, seconds: int, due_within_ms: int, delivery: Delivery
 ) -> Result:
     """The scheduler under a steady load, as benchmark 3 measures the service: `rate`
-    requests per second, due at random 1-10 s after sending, so that each waits in
-    state and leaves on its bucket's timer. Lateness is arrival on the destination (to
-    a `read_committed` reader: an exactly-once delivery arrives when its transaction
-    commits) minus due time. Spark fires timers only when a micro-batch starts and
-    writes at its end, so it is judged against two trigger intervals plus a batch."""
+    requests per second, due at random 1-10 s after sending (1 s to `due_within_ms`),
+    so that each waits in state and leaves on its bucket's timer. Lateness is arrival
+    on the destination (to a `read_committed` reader: an exactly-once delivery arrives
+    when its transaction commits) minus due time. Spark fires timers only when a
+    micro-batch starts and writes at its end, so it is judged against two trigger
+    intervals plus a batch."""
     label = "eo" if isinstance(delivery, ExactlyOnce) else "alo"
     requests = create_topic(bootstrap, f"bench-spark-late-requests-{label}", 6)
     destination = create_topic(bootstrap, f"bench-spark-late-dest-{label}", 6)
@@ -452,7 +456,12 @@ def scheduler_lateness(
             reader.start()
             reader.ready.wait(30)
             produce_paced(
-                bootstrap, requests, destination, rate, seconds, lambda: rng.randrange(1000, 10_000)
+                bootstrap,
+                requests,
+                destination,
+                rate,
+                seconds,
+                lambda: rng.randrange(1000, due_within_ms),
             )
             reader.join(120)
             reader.stop.set()

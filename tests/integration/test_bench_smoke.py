@@ -89,10 +89,11 @@ def test_the_spark_benchmark_runs_and_reports_its_figures(tmp_path: Path) -> Non
             "6 spark scheduler lateness",
         ]
     )
-    assert results["6 spark pipeline"]["figures"]["n"] == 2_000
-    assert results["6 spark scheduler"]["figures"]["n"] == 2_000
-    assert results["6 spark scheduler exactly-once"]["figures"]["n"] == 2_000
+    assert results["6 spark pipeline"]["figures"]["n"] == 500
+    assert results["6 spark exactly-once output"]["figures"]["n"] == 500
+    assert results["6 spark scheduler"]["figures"]["n"] == 500
+    assert results["6 spark scheduler exactly-once"]["figures"]["n"] == 500
     lateness = results["6 spark scheduler lateness"]["figures"]  # exactly once, the default
-    assert lateness["n"] == 6_000  # 2,000/s for 3 s
+    assert lateness["n"] == 1_000  # 500/s for 2 s
     assert lateness["early"] == 0, "the Spark scheduler delivered a retry before it was due"
     assert results["6 spark latency, 1 record"]["figures"]["samples"] == 5
