@@ -115,6 +115,68 @@ def scheduler(
     query.stop()
 
 
+# First in the module, as it runs a query of its own: the module's scheduler query
+# (the fixture, started by the next test) runs a batch every trigger while it lives,
+# idle or not (about two thirds of a core, measured), which this test's query and its
+# wait need not share the session and the machine with.
+def test_pending_requests_survive_a_restart(spark: Any, bootstrap: str, tmp_path: Path) -> None:
+    requests, dlq, destination = unique("requests"), unique("dlq"), unique("dest")
+    create_topics(bootstrap, requests, partitions=2)
+    create_topics(bootstrap, dlq, destination)
+    checkpoint = str(tmp_path / "checkpoint")
+
+    def start() -> Any:
+        return build_scheduler_query(
+            spark,
+            bootstrap=bootstrap,
+            requests_topic=requests,
+            dlq_topic=dlq,
+            allowed_destinations=[destination],
+            checkpoint=checkpoint,
+            trigger_interval="500 milliseconds",
+            query_name=None,
+        )
+
+    reader = TopicReader(bootstrap, [destination, dlq])
+    query = start()
+    wait_until_running(query)
+    # Due well after the query will have stored them and stopped, even on a slow machine
+    # (a first batch with data can take 10 s or more on 2 busy cores).
+    due = now_ms() + 25_000
+    records = [
+        {
+            "key": f"k{i}".encode(),
+            "value": f"v{i}".encode(),
+            "headers": request_headers(destination, due + i * 100),
+        }
+        for i in range(20)
+    ]
+    produce(bootstrap, requests, records)
+    wait_for_requests(query, len(records))
+    print(f"requests stored {25_000 - (due - now_ms())} ms after they were written")
+    query.stop()  # 20 requests pending in state, none due yet
+    reader.poll(1)
+    assert reader.received == []
+
+    time.sleep(max(0.0, (due - now_ms()) / 1000))  # they come due while it is stopped
+    query = start()
+    try:
+        got = reader.wait_for(len(records), timeout_s=120)
+        reader.poll(2)
+        assert query.isActive and query.exception() is None
+        # It resumed after the requests (offsets in the checkpoint): what it delivered
+        # came out of its restored state and timers, not from reading them again.
+        assert requests_read(query) == 0
+    finally:
+        query.stop()
+        reader.close()
+    assert sorted(r.key for r in got) == sorted(r["key"] for r in records)
+    assert all(r.topic == destination for r in got)
+    for message in got:
+        index = int(message.key[1:]) if message.key else -1
+        assert message.timestamp_ms >= due + index * 100
+
+
 def test_requests_are_delivered_when_due_never_before(scheduler: Scheduler) -> None:
     destination = scheduler.destinations[0]
     reader = TopicReader(scheduler.bootstrap, [destination])
@@ -379,64 +441,6 @@ def test_what_the_destination_would_refuse_for_good_is_a_dead_letter(
     assert [m.key for m in reader.of(small)] == [b"fits"]
     assert [m.key for m in reader.of(compacted)] == [b"keyed"]
     assert scheduler.query.isActive and scheduler.query.exception() is None
-
-
-def test_pending_requests_survive_a_restart(spark: Any, bootstrap: str, tmp_path: Path) -> None:
-    requests, dlq, destination = unique("requests"), unique("dlq"), unique("dest")
-    create_topics(bootstrap, requests, partitions=2)
-    create_topics(bootstrap, dlq, destination)
-    checkpoint = str(tmp_path / "checkpoint")
-
-    def start() -> Any:
-        return build_scheduler_query(
-            spark,
-            bootstrap=bootstrap,
-            requests_topic=requests,
-            dlq_topic=dlq,
-            allowed_destinations=[destination],
-            checkpoint=checkpoint,
-            trigger_interval="500 milliseconds",
-            query_name=None,
-        )
-
-    reader = TopicReader(bootstrap, [destination, dlq])
-    query = start()
-    wait_until_running(query)
-    # Due well after the query will have stored them and stopped, even on a slow machine
-    # (a first batch with data can take 10 s or more on 2 busy cores).
-    due = now_ms() + 25_000
-    records = [
-        {
-            "key": f"k{i}".encode(),
-            "value": f"v{i}".encode(),
-            "headers": request_headers(destination, due + i * 100),
-        }
-        for i in range(20)
-    ]
-    produce(bootstrap, requests, records)
-    wait_for_requests(query, len(records))
-    print(f"requests stored {25_000 - (due - now_ms())} ms after they were written")
-    query.stop()  # 20 requests pending in state, none due yet
-    reader.poll(1)
-    assert reader.received == []
-
-    time.sleep(max(0.0, (due - now_ms()) / 1000))  # they come due while it is stopped
-    query = start()
-    try:
-        got = reader.wait_for(len(records), timeout_s=120)
-        reader.poll(2)
-        assert query.isActive and query.exception() is None
-        # It resumed after the requests (offsets in the checkpoint): what it delivered
-        # came out of its restored state and timers, not from reading them again.
-        assert requests_read(query) == 0
-    finally:
-        query.stop()
-        reader.close()
-    assert sorted(r.key for r in got) == sorted(r["key"] for r in records)
-    assert all(r.topic == destination for r in got)
-    for message in got:
-        index = int(message.key[1:]) if message.key else -1
-        assert message.timestamp_ms >= due + index * 100
 
 
 def test_a_request_sent_again_after_delivery_or_as_a_dead_letter_is_dropped_and_counted(
