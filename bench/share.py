@@ -12,6 +12,7 @@ interpreter lock): the time is from the first record any of them handled to the 
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing
 import threading
 import time
@@ -27,6 +28,7 @@ from bench.consumer import PAYLOAD
 from bench.kafka_raw import produce
 from redrive import Message, ShareApp
 from redrive.consumer.share.group_terms import configure_group
+from redrive.logs import configure
 
 CONSUMERS = (1, 2, 4)
 QUIET = {"log_level": 0}  # the client's "Preview" notice once per consumer: not here
@@ -70,6 +72,7 @@ def _redrive_consumer(
     seen: Synchronized[int],
     first: Synchronized[float],
 ) -> None:
+    configure("console", level=logging.WARNING)  # as the benchmark's own process
     app = ShareApp(bootstrap, group=group, kafka=QUIET)
 
     def handle(message: Message) -> None:
