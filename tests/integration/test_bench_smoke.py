@@ -60,6 +60,9 @@ def test_every_benchmark_but_spark_runs_and_reports_its_figures(tmp_path: Path) 
         "5 consumer service fail 10%, key order",
         "5 consumer tiers fail 10%, txn",
         "5 consumer tiers fail 10%, txn, key order",
+        "5 consumer share group",
+        "5 consumer share group, 2 consumers",
+        "5 consumer share group, 4 consumers",
         "7 replay job",
     ]
     assert sorted(results) == sorted(expected)
@@ -71,6 +74,8 @@ def test_every_benchmark_but_spark_runs_and_reports_its_figures(tmp_path: Path) 
     assert precision["n"] == 300
     assert precision["early"] == 0, "a retry was delivered before it was due"
     assert results["4 5,000 pending"]["figures"]["early"] == 0
+    shared = results["5 consumer share group"]["figures"]
+    assert shared["n"] == 1_000 and shared["per_s"] > 0 and shared["bare_per_s"] > 0
     replay = results["7 replay job"]["figures"]
     assert replay["n"] == 1_000 and replay["progress_steps_seen"] > 1
 

@@ -152,6 +152,6 @@ def test_the_docs_example_places_dead_letters_as_librdkafka_does_by_default(
         },
     )
     with running_example(source) as example:
-        assert example["app"].partitioner is Partitioner.CONSISTENT_RANDOM
+        assert example["app"].settings.partitioner is Partitioner.CONSISTENT_RANDOM
         got = dead_letters_of(bootstrap, topic, apart.keys)
     assert_placed(got, apart, Partitioner.CONSISTENT_RANDOM)

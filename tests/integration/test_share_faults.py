@@ -14,6 +14,7 @@ from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
+import httpx
 import pytest
 
 from redrive import Message, ShareApp
@@ -147,15 +148,23 @@ def test_a_handler_outliving_its_lock_is_released_before_the_lock_runs_out(
             await asyncio.sleep(30)  # far past the 2 s lock: cancelled at 1.8 s
 
     with retry_service(bootstrap, database_url, allowed_destinations=[topic]) as service:
-        app = ShareApp(bootstrap, group=group, requests_topic=service.settings.requests_topic)
+        app = ShareApp(
+            bootstrap,
+            group=group,
+            requests_topic=service.settings.requests_topic,
+            metrics_port=0,
+        )
         app.add_handler(topic, handle)
         with running_app(app):  # type: ignore[arg-type]
             assert wait_for(lambda: len(calls.by_value().get(b"slow", [])) >= 2, 60)
             wait_for(lambda: False, 1)
-        released = app.metrics.registry.get_sample_value(
-            "redrive_share_lock_released_total", {"topic": topic}
-        )
+            assert app.health_url is not None and app.metrics_url is not None
+            health = httpx.get(app.health_url, timeout=10)
+            exposed = httpx.get(app.metrics_url, timeout=10).text
     tries = calls.by_value()[b"slow"]
     assert [c.delivery_count for c in tries] == [1, 2], tries
-    assert released == 1
+    assert health.status_code == 200 and health.json()["group"] == group
+    released = f'redrive_share_lock_released_total{{topic="{topic}"}} 1.0'
+    assert released in exposed, exposed
+    assert f'redrive_share_acknowledgements_total{{topic="{topic}",type="release"}} 1.0' in exposed
     assert [c.attempt for c in calls.by_value()[b"quick"]] == [1]
