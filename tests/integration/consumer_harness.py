@@ -12,11 +12,12 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from confluent_kafka import TopicPartition
 
 from redrive import App, Message
+from redrive.consumer.running import Running
 from redrive.deadlines import Deadline
 from redrive.service.service import RetryService
 from tests.integration.service_harness import fresh_database, now_ms, settings_for
@@ -92,8 +93,12 @@ def in_thread(
     return thread, errors
 
 
+Consumer = TypeVar("Consumer", bound=Running)
+
+
 @contextmanager
-def running_app(app: App) -> Iterator[App]:
+def running_app(app: Consumer) -> Iterator[Consumer]:
+    """An App (or ShareApp) running in a thread until the block ends."""
     thread, errors = in_thread(lambda: app.run(install_signal_handlers=False), "test-app")
     assert app.running.wait(30) or errors, "the app did not start"
     if errors:

@@ -47,7 +47,7 @@ def share_apps(
         for index in range(CONSUMERS):
             app = ShareApp(bootstrap, group=group, requests_topic=requests_topic)
             app.add_handler(topic, handler_for(f"c{index}", calls), policy=POLICY)
-            apps.append(stack.enter_context(running_app(app)))  # type: ignore[arg-type]
+            apps.append(stack.enter_context(running_app(app)))
         yield apps
 
 

@@ -66,7 +66,7 @@ def test_a_consumer_killed_mid_record_loses_nothing_and_hands_off_once(
             for _ in range(3):
                 app = ShareApp(bootstrap, group=group, requests_topic=requests_topic)
                 app.add_handler(topic, handle, policy="1s x3")
-                stack.enter_context(running_app(app))  # type: ignore[arg-type]
+                stack.enter_context(running_app(app))
 
             def handled_well(value: bytes) -> bool:
                 tries = calls.by_value().get(value, [])
@@ -123,7 +123,7 @@ def test_an_async_handler_on_a_share_group_handles_each_record_once_on_success(
         for _ in range(2):
             app = ShareApp(bootstrap, group=group, requests_topic=service.settings.requests_topic)
             app.add_handler(topic, handle, policy="0s x2")
-            stack.enter_context(running_app(app))  # type: ignore[arg-type]
+            stack.enter_context(running_app(app))
         assert wait_for(lambda: len(succeeded) >= len(values), 120), len(succeeded)
         wait_for(lambda: False, 2)  # nothing more comes
     assert sorted(succeeded) == values, "a record handled twice, or not at all"
@@ -155,7 +155,7 @@ def test_a_handler_outliving_its_lock_is_released_before_the_lock_runs_out(
             metrics_port=0,
         )
         app.add_handler(topic, handle)
-        with running_app(app):  # type: ignore[arg-type]
+        with running_app(app):
             assert wait_for(lambda: len(calls.by_value().get(b"slow", [])) >= 2, 60)
             wait_for(lambda: False, 1)
             assert app.health_url is not None and app.metrics_url is not None
