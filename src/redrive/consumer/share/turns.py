@@ -39,6 +39,7 @@ from redrive.consumer.handlers import refuse_awaitable
 from redrive.consumer.message import Message
 from redrive.consumer.pipeline import Pipeline
 from redrive.consumer.publisher import Publisher
+from redrive.consumer.routes import Kind
 from redrive.consumer.share.group_terms import GroupTerms
 from redrive.consumer.share.metrics import ShareMetrics
 from redrive.consumer.share.settle import ACCEPT, RELEASE, Settler, last_delivery
@@ -84,6 +85,9 @@ class Turns:
         asyncs = any(steps.route.is_async for steps, _ in pipeline.reads.values())
         self.loop = asyncio.new_event_loop() if asyncs else None
         self._handler_s = 0.0
+        self._acks: dict[tuple[str, AcknowledgeType], int] = {}
+        """Acknowledgements of this turn by route topic and type, counted once a turn:
+        a labelled counter per record would cost more than redrive's own work."""
 
     def turn(self) -> bool:
         """Poll once and settle what came (see the module); always polls."""
@@ -93,6 +97,9 @@ class Turns:
         polled = time.monotonic()
         start_by = polled + self.terms.lock_ms / 1000 - self.terms.margin_s
         running: list[_Running] = []
+        # Timed per poll, as the App times a batch: two clock reads per record would
+        # cost more than redrive's own work (async calls are timed one by one).
+        started = time.perf_counter()
         for record in batch:
             error = record.error()
             if error is not None:
@@ -100,14 +107,19 @@ class Turns:
                     raise self.on_fatal(error)
                 log.warning("consume error", error=error.str())
                 continue
-            ack = self._start(record, polled, start_by, running)
+            steps, kind = self.pipeline.reads[record.topic() or ""]
+            ack = self._start(record, steps, kind, polled, start_by, running)
             if ack is not None:
-                self._acknowledge(record, ack)
+                self._acknowledge(record, steps, ack)
+        self._handler_s += time.perf_counter() - started
         if running:
             assert self.loop is not None
             self.loop.run_until_complete(self._settle(running, polled, start_by))
         self.metrics.handler_seconds.inc(self._handler_s)
         self._handler_s = 0.0
+        for (topic, ack), count in self._acks.items():
+            self.metrics.acknowledgements.labels(topic, ACK_NAMES[ack]).inc(count)
+        self._acks.clear()
         if self.publisher.in_flight:
             self.publisher.flush()  # before the acknowledgements leave, with the next poll
         for topic, count in self.pipeline.handled.items():
@@ -122,14 +134,19 @@ class Turns:
     # ------------------------------------------------------------------ one record
 
     def _start(
-        self, record: KafkaMessage, polled: float, start_by: float, running: list[_Running]
+        self,
+        record: KafkaMessage,
+        steps: Steps,
+        kind: Kind,
+        polled: float,
+        start_by: float,
+        running: list[_Running],
     ) -> AcknowledgeType | None:
         """Handle a record of a plain handler (its acknowledgement), or start one of an
         async handler (None: settled once it ends)."""
         topic, partition, offset = record.topic(), record.partition(), record.offset()
         if topic is None or partition is None or offset is None:
             return None  # only error events lack coordinates
-        steps, kind = self.pipeline.reads[topic]
         count = record.delivery_count() or 1
         if time.monotonic() > start_by and count < self.terms.delivery_limit:
             self._lock_released(steps, record, "not started: its acquisition lock runs out")
@@ -146,7 +163,6 @@ class Turns:
                 task = self._loop().create_task(self._timed(route.handler, message))
                 running.append(_Running(record, steps, message, task))
                 return None
-            started = time.perf_counter()
             try:
                 result = route.handler(message)
                 if result is not None and inspect.isawaitable(result):
@@ -156,9 +172,8 @@ class Turns:
             else:
                 self.pipeline.outcomes.succeeded(steps, message, None)
                 ack = ACCEPT
-            finally:
-                self._handler_s += time.perf_counter() - started
-            self._check_outlived(steps, message, polled)
+            if time.monotonic() - polled > self.terms.lock_ms / 1000:
+                self._outlived(steps, message)
             return ack
         except Exception as exc:  # noqa: BLE001 - redrive's own failure: no record stops us
             self.pipeline.unprocessable(record, topic, partition, offset, exc)
@@ -186,7 +201,7 @@ class Turns:
         if late:
             await asyncio.wait(late)
         for item in running:
-            self._acknowledge(item.record, self._outcome(item, polled))
+            self._acknowledge(item.record, item.steps, self._outcome(item, polled))
 
     def _outcome(self, item: _Running, polled: float) -> AcknowledgeType:
         steps, message, task = item.steps, item.message, item.task
@@ -202,7 +217,8 @@ class Turns:
                 ack = self.settler.failed(steps.route, message, error)
             else:
                 raise error  # KeyboardInterrupt, SystemExit: not the record's
-            self._check_outlived(steps, message, polled)
+            if time.monotonic() - polled > self.terms.lock_ms / 1000:
+                self._outlived(steps, message)
             return ack
         except Exception as exc:  # noqa: BLE001 - redrive's own failure: no record stops us
             self.pipeline.unprocessable(
@@ -216,10 +232,10 @@ class Turns:
         assert self.loop is not None  # made when a route is async
         return self.loop
 
-    def _acknowledge(self, record: KafkaMessage, ack: AcknowledgeType) -> None:
+    def _acknowledge(self, record: KafkaMessage, steps: Steps, ack: AcknowledgeType) -> None:
         self.consumer.acknowledge(record, ack)
-        steps, _ = self.pipeline.reads[record.topic() or ""]
-        self.metrics.acknowledgements.labels(steps.route.topic, ACK_NAMES[ack]).inc()
+        counted = (steps.route.topic, ack)
+        self._acks[counted] = self._acks.get(counted, 0) + 1
 
     def _lock_released(self, steps: Steps, record: KafkaMessage, why: str) -> None:
         self.metrics.lock_released.labels(steps.route.topic).inc()
@@ -232,9 +248,7 @@ class Turns:
             lock_ms=self.terms.lock_ms,
         )
 
-    def _check_outlived(self, steps: Steps, message: Message, polled: float) -> None:
-        if time.monotonic() - polled <= self.terms.lock_ms / 1000:
-            return
+    def _outlived(self, steps: Steps, message: Message) -> None:
         self.metrics.lock_outlived.labels(steps.route.topic).inc()
         log.warning(
             "handler outlived its record's acquisition lock; the record may have been "
