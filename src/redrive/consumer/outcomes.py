@@ -121,12 +121,15 @@ class Outcomes:
 
     # ------------------------------------------------------------------ failures
 
-    def failed(
-        self, steps: Steps, message: Message, error: BaseException, state: InPlace | None = None
-    ) -> Wait | None:
-        """A handled record failed with ``error``: routed and carried out; ``state``:
-        its in-place retry so far. The wait the runner must do, if any."""
-        route = steps.route
+    def decide(
+        self,
+        route: Route,
+        message: Message,
+        error: BaseException,
+        first_failure_ms: int | None = None,
+    ) -> tuple[FailedRecord, Retried | DeadLettered]:
+        """What the route's failure router makes of a handled record's failure (logged);
+        ``first_failure_ms``: when a record retried in place first failed."""
         failure = FailedRecord(
             message.topic,
             message.partition,
@@ -144,15 +147,29 @@ class Outcomes:
             retry_to=route.strategy.retry_to(route, failure, self.requests_topic),
             dead_letters=self.dead_letter_topic(route),
             home=route.topic,
-            first_failure_ms=state.first_failure_ms if state else None,
+            first_failure_ms=first_failure_ms,
         )
-        self.log_failure(
-            message,
-            error,
-            str(outcome.decision)
+        log.info(
+            "handler failed",
+            topic=message.topic,
+            partition=message.partition,
+            offset=message.offset,
+            attempt=message.attempt,
+            error=safe_repr(error),
+            decision=str(outcome.decision)
             if isinstance(outcome, DeadLettered)
             else f"retry in {outcome.decision.delay_ms} ms",
         )
+        return failure, outcome
+
+    def failed(
+        self, steps: Steps, message: Message, error: BaseException, state: InPlace | None = None
+    ) -> Wait | None:
+        """A handled record failed with ``error``: routed and carried out; ``state``:
+        its in-place retry so far. The wait the runner must do, if any."""
+        route = steps.route
+        first = state.first_failure_ms if state else None
+        failure, outcome = self.decide(route, message, error, first)
         # The pause strategy's breaker counts the failure, and may widen the wait.
         circuit = steps.circuit
         if isinstance(outcome, DeadLettered):
@@ -164,17 +181,6 @@ class Outcomes:
             return None if circuit is None else circuit.failed(outcome, None)
         wait = self._retry(steps, failure, outcome, message, state, error)
         return wait if circuit is None else circuit.failed(outcome, wait)
-
-    def log_failure(self, message: Message, error: BaseException, decision: str) -> None:
-        log.info(
-            "handler failed",
-            topic=message.topic,
-            partition=message.partition,
-            offset=message.offset,
-            attempt=message.attempt,
-            error=safe_repr(error),
-            decision=decision,
-        )
 
     def _retry(
         self,

@@ -32,7 +32,7 @@ from redrive.consumer.message import Message
 from redrive.consumer.outcomes import Outcomes, safe_repr
 from redrive.consumer.routes import Route
 from redrive.headers import failure_request_id
-from redrive.router import DeadLettered, FailedRecord
+from redrive.router import DeadLettered
 
 ACCEPT = AcknowledgeType.ACCEPT
 RELEASE = AcknowledgeType.RELEASE
@@ -61,30 +61,7 @@ class Settler:
 
     def failed(self, route: Route, message: Message, error: BaseException) -> AcknowledgeType:
         outcomes = self.outcomes
-        failure = FailedRecord(
-            message.topic,
-            message.partition,
-            message.offset,
-            message.timestamp_ms,
-            message.key,
-            message.raw_value,
-            message.headers,
-            message.retry,
-            message.attempt,
-        )
-        outcome = route.router.route(
-            failure,
-            error,
-            retry_to=route.strategy.retry_to(route, failure, outcomes.requests_topic),
-            dead_letters=outcomes.dead_letter_topic(route),
-            home=route.topic,
-        )
-        decision = (
-            str(outcome.decision)
-            if isinstance(outcome, DeadLettered)
-            else f"retry in {outcome.decision.delay_ms} ms"
-        )
-        outcomes.log_failure(message, error, decision)
+        failure, outcome = outcomes.decide(route, message, error)
         share_id = share_failure_id(self.group, message)
         if isinstance(outcome, DeadLettered):
             headers = dataclasses.replace(outcome.headers, id=share_id)
