@@ -22,7 +22,6 @@ and value and the reason, and the loop goes on past it.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,7 +30,6 @@ from confluent_kafka import Consumer, TopicPartition
 from prometheus_client import CollectorRegistry
 
 from redrive.consumer.async_records import DEFAULT_MAX_IN_FLIGHT, checked_bound
-from redrive.consumer.clients import chosen_partitioner
 from redrive.consumer.errors import (
     DeserializationError,
     UnprocessableRecordError,
@@ -40,7 +38,7 @@ from redrive.consumer.errors import (
 from redrive.consumer.loop_health import max_poll_interval_ms
 from redrive.consumer.metrics import ConsumerMetrics
 from redrive.consumer.registry import Registry
-from redrive.consumer.repeats import DEFAULT_REPEAT_WINDOW, checked_window
+from redrive.consumer.repeats import DEFAULT_REPEAT_WINDOW
 from redrive.consumer.routes import (
     HandlerOptions,
 )
@@ -48,10 +46,7 @@ from redrive.consumer.running import Running
 from redrive.consumer.session import Session
 from redrive.consumer.settings import AppSettings, DeadLetterHook, Hooks, Polling, RetryHook
 from redrive.consumer.strategies.pause import BreakerHook
-from redrive.errors import ConfigError
-from redrive.membership import static_membership
 from redrive.partitioners import DEFAULT_PARTITIONER, Partitioner, PartitionerName
-from redrive.topic_names import REQUESTS_TOPIC
 
 __all__ = [
     "App",
@@ -138,18 +133,16 @@ class App(Registry, Running):
         # scraper is elsewhere: set "0.0.0.0" there.
         metrics_host: str = "127.0.0.1",
     ) -> None:
-        kafka = dict(kafka or {})
-        settings = AppSettings(
-            bootstrap=bootstrap or os.environ.get("REDRIVE_BOOTSTRAP", "localhost:9092"),
-            group=group,
+        settings = AppSettings.of(
+            bootstrap,
+            group,
             kafka=kafka,
-            consumer_kafka={**static_membership(instance_id), **(consumer_kafka or {})},
+            consumer_kafka=consumer_kafka,
             instance_id=instance_id,
-            requests_topic=requests_topic
-            or os.environ.get("REDRIVE_REQUESTS_TOPIC", REQUESTS_TOPIC),
-            partitioner=chosen_partitioner(partitioner, kafka),
+            requests_topic=requests_topic,
+            partitioner=partitioner,
             transactional=transactional,
-            repeat_window=checked_window(repeat_window),
+            repeat_window=repeat_window,
             polling=Polling(
                 max_poll_records, poll_timeout_s, commit_interval_s, checked_bound(max_in_flight)
             ),
@@ -160,10 +153,6 @@ class App(Registry, Running):
         self._session: Session | None = None
 
     # ------------------------------------------------------------------ running
-
-    def _check_ready(self) -> None:
-        if not self.routes:
-            raise ConfigError("handlers", "no handler registered", "use @app.handler(topic)")
 
     def _consume(self) -> None:
         session = Session(

@@ -36,8 +36,10 @@ Handler = TypeVar("Handler", bound=Callable[..., Any])
 DEFAULT_POLICY = "1s, 10s, 1m"
 
 
-class Registry:
-    """The routes of an App, by the topic they handle and by every topic they read."""
+class Routes:
+    """The routes of a consumer, by the topic they handle and by every topic they read
+    (see the module); how they are registered is the consumer's (:class:`Registry`
+    for an App)."""
 
     def __init__(self, settings: AppSettings) -> None:
         self.settings = settings
@@ -48,6 +50,35 @@ class Registry:
     @property
     def group(self) -> str:
         return self.settings.group
+
+    def _check_ready(self) -> None:
+        if not self.routes:
+            raise ConfigError("handlers", "no handler registered", "use @app.handler(topic)")
+
+    def _route(
+        self,
+        topic: str,
+        fn: Callable[..., Any],
+        options: HandlerOptions | BatchHandlerOptions,
+        default_policy: str = DEFAULT_POLICY,
+    ) -> Route:
+        check_handler(topic, fn)
+        if topic in self._reads:
+            raise ConfigError(f"handler for {topic!r}", "registered twice")
+        route = build_route(topic, fn, self.settings.group, options, default_policy)
+        check_key_order(route, self.settings.transactional, self.settings.consumer_config)
+        return route
+
+    def _register(self, route: Route) -> None:
+        for name, kind in route.topics().items():
+            if name in self._reads:
+                raise ConfigError(f"handler for {route.topic!r}", f"topic {name!r} is already read")
+            self._reads[name] = (route, kind)
+        self.routes[route.topic] = route
+
+
+class Registry(Routes):
+    """An App's registration: handlers and batch handlers with a strategy each."""
 
     def handler(
         self, topic: str, **options: Unpack[HandlerOptions]
@@ -77,23 +108,6 @@ class Registry:
     ) -> None:
         """The same as :meth:`handler`, without the decorator."""
         self._register(self._route(topic, fn, options))
-
-    def _route(
-        self, topic: str, fn: Callable[..., Any], options: HandlerOptions | BatchHandlerOptions
-    ) -> Route:
-        check_handler(topic, fn)
-        if topic in self._reads:
-            raise ConfigError(f"handler for {topic!r}", "registered twice")
-        route = build_route(topic, fn, self.settings.group, options, DEFAULT_POLICY)
-        check_key_order(route, self.settings.transactional, self.settings.consumer_config)
-        return route
-
-    def _register(self, route: Route) -> None:
-        for name, kind in route.topics().items():
-            if name in self._reads:
-                raise ConfigError(f"handler for {route.topic!r}", f"topic {name!r} is already read")
-            self._reads[name] = (route, kind)
-        self.routes[route.topic] = route
 
     def batch_handler(
         self,

@@ -7,14 +7,19 @@ commits, the hooks. Frozen: a running session never sees them change.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from redrive.consumer.clients import chosen_partitioner
 from redrive.consumer.message import Message
+from redrive.consumer.repeats import checked_window
 from redrive.consumer.strategies.pause import BreakerHook
-from redrive.partitioners import Partitioner
+from redrive.membership import static_membership
+from redrive.partitioners import Partitioner, PartitionerName
 from redrive.policy import DeadLetter, Retry
+from redrive.topic_names import REQUESTS_TOPIC
 
 RetryHook = Callable[[Message, Retry, BaseException], None]
 DeadLetterHook = Callable[[Message | None, DeadLetter, BaseException], None]
@@ -60,3 +65,39 @@ class AppSettings:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "consumer_config", {**self.kafka, **self.consumer_kafka})
+
+    @classmethod
+    def of(
+        cls,
+        bootstrap: str | None,
+        group: str,
+        *,
+        kafka: Mapping[str, Any] | None,
+        consumer_kafka: Mapping[str, Any] | None,
+        instance_id: str | None,
+        requests_topic: str | None,
+        partitioner: Partitioner | PartitionerName,
+        transactional: bool,
+        repeat_window: int,
+        polling: Polling,
+        hooks: Hooks,
+    ) -> AppSettings:
+        """The settings as a consumer's keyword arguments give them: the bootstrap
+        servers and requests topic from the environment unless given
+        (REDRIVE_BOOTSTRAP, REDRIVE_REQUESTS_TOPIC), each value checked (a
+        ConfigError naming the setting)."""
+        kafka = dict(kafka or {})
+        return cls(
+            bootstrap=bootstrap or os.environ.get("REDRIVE_BOOTSTRAP", "localhost:9092"),
+            group=group,
+            kafka=kafka,
+            consumer_kafka={**static_membership(instance_id), **(consumer_kafka or {})},
+            instance_id=instance_id,
+            requests_topic=requests_topic
+            or os.environ.get("REDRIVE_REQUESTS_TOPIC", REQUESTS_TOPIC),
+            partitioner=chosen_partitioner(partitioner, kafka),
+            transactional=transactional,
+            repeat_window=checked_window(repeat_window),
+            polling=polling,
+            hooks=hooks,
+        )

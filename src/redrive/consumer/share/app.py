@@ -16,7 +16,6 @@ record, after the failures redrive counted before it handed the record off
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, Unpack, cast
 
@@ -26,17 +25,18 @@ from confluent_kafka.admin import AdminClient
 from prometheus_client import CollectorRegistry
 
 from redrive.client_logs import with_client_logs
-from redrive.consumer.clients import chosen_partitioner, make_producer
-from redrive.consumer.handlers import check_handler
+from redrive.consumer.async_records import DEFAULT_MAX_IN_FLIGHT
+from redrive.consumer.clients import make_producer
 from redrive.consumer.loop_health import max_poll_interval_ms
 from redrive.consumer.message import Message
 from redrive.consumer.outcomes import Outcomes
 from redrive.consumer.pipeline import Pipeline
 from redrive.consumer.publisher import Publisher
-from redrive.consumer.repeats import DEFAULT_REPEAT_WINDOW, RecentIds, checked_window
-from redrive.consumer.routes import HandlerOptions, Kind, Route, RouteOptions, build_route
+from redrive.consumer.registry import Routes
+from redrive.consumer.repeats import DEFAULT_REPEAT_WINDOW, RecentIds
+from redrive.consumer.routes import HandlerOptions, RouteOptions
 from redrive.consumer.running import Running
-from redrive.consumer.settings import DeadLetterHook, Hooks, RetryHook
+from redrive.consumer.settings import AppSettings, DeadLetterHook, Hooks, Polling, RetryHook
 from redrive.consumer.share.group_terms import read_terms
 from redrive.consumer.share.metrics import ShareMetrics
 from redrive.consumer.share.settle import Settler
@@ -45,10 +45,8 @@ from redrive.consumer.steps import KeyOrders, build_steps
 from redrive.consumer.strategies import Service
 from redrive.consumer.strategies.pause import Breakers
 from redrive.consumer.topics import create_derived_topics
-from redrive.errors import ConfigError
 from redrive.membership import fatal_group_error
 from redrive.partitioners import DEFAULT_PARTITIONER, Partitioner, PartitionerName
-from redrive.topic_names import REQUESTS_TOPIC
 
 log = structlog.get_logger("redrive.share")
 
@@ -65,7 +63,7 @@ class ShareHandlerOptions(RouteOptions, total=False):
     rather than on ``<topic>``, where every other group reading it would see them."""
 
 
-class ShareApp(Running):
+class ShareApp(Routes, Running):
     """A share-group consumer whose failed records come back when due (see the module).
 
     ``kafka`` adds librdkafka settings to the share consumer and the producer alike;
@@ -93,26 +91,25 @@ class ShareApp(Running):
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
     ) -> None:
-        self.bootstrap = bootstrap or os.environ.get("REDRIVE_BOOTSTRAP", "localhost:9092")
-        self._group = group
-        self.kafka = dict(kafka or {})
-        self.consumer_kafka = dict(consumer_kafka or {})
-        self.requests_topic = requests_topic or os.environ.get(
-            "REDRIVE_REQUESTS_TOPIC", REQUESTS_TOPIC
+        settings = AppSettings.of(
+            bootstrap,
+            group,
+            kafka=kafka,
+            consumer_kafka=consumer_kafka,
+            instance_id=None,  # a share group has no static membership
+            requests_topic=requests_topic,
+            partitioner=partitioner,
+            transactional=False,  # share acknowledgements cannot join a transaction
+            repeat_window=repeat_window,
+            # Of the loop's settings a share consumer uses the poll timeout only: the
+            # broker decides how many records a poll acquires, acknowledgements
+            # replace commits, and async records are bounded by the poll.
+            polling=Polling(500, poll_timeout_s, 1.0, DEFAULT_MAX_IN_FLIGHT),
+            hooks=Hooks(on_retry, on_dead_letter),
         )
-        self.partitioner = chosen_partitioner(partitioner, self.kafka)
-        self.repeat_window = checked_window(repeat_window)
-        self.poll_timeout_s = poll_timeout_s
-        self.hooks = Hooks(on_retry, on_dead_letter)
+        Routes.__init__(self, settings)
         self.share_metrics = ShareMetrics(registry)
-        super().__init__(self.share_metrics, metrics_port, metrics_host)
-        self.routes: dict[str, Route] = {}
-        self._reads: dict[str, tuple[Route, Kind]] = {}
-        self._turns: Turns | None = None
-
-    @property
-    def group(self) -> str:
-        return self._group
+        Running.__init__(self, self.share_metrics, metrics_port, metrics_host)
 
     # ------------------------------------------------------------------ registration
 
@@ -134,40 +131,29 @@ class ShareApp(Running):
         self, topic: str, fn: Callable[[Message], Any], **options: Unpack[ShareHandlerOptions]
     ) -> None:
         """The same as :meth:`handler`, without the decorator."""
-        check_handler(topic, fn)
-        if topic in self._reads:
-            raise ConfigError(f"handler for {topic!r}", "registered twice")
-        per_group = bool(options.get("per_group_topic", False))
         given = {k: v for k, v in options.items() if k != "per_group_topic"}
         route_options = cast(HandlerOptions, given)
-        route_options["strategy"] = Service(per_group_topic=per_group)
-        route = build_route(topic, fn, self.group, route_options, DEFAULT_POLICY)
-        for name, kind in route.topics().items():
-            if name in self._reads:
-                raise ConfigError(f"handler for {topic!r}", f"topic {name!r} is already read")
-            self._reads[name] = (route, kind)
-        self.routes[topic] = route
+        route_options["strategy"] = Service(per_group_topic=bool(options.get("per_group_topic")))
+        self._register(self._route(topic, fn, route_options, DEFAULT_POLICY))
 
     # ------------------------------------------------------------------ running
 
-    def _check_ready(self) -> None:
-        if not self.routes:
-            raise ConfigError("handlers", "no handler registered", "use @app.handler(topic)")
-
     def _consume(self) -> None:
-        config = with_client_logs({"bootstrap.servers": self.bootstrap, **self.kafka})
+        config = with_client_logs(
+            {"bootstrap.servers": self.settings.bootstrap, **self.settings.kafka}
+        )
         admin = AdminClient(config)
         create_derived_topics(admin, list(self.routes.values()))
         terms = read_terms(admin, self.group)
-        producer = make_producer(admin, config, self._reads, self.partitioner)
+        producer = make_producer(admin, config, self._reads, self.settings.partitioner)
         publisher = Publisher(producer, self._stop)
         outcomes = Outcomes(
             self.group,
-            self.requests_topic,
+            self.settings.requests_topic,
             publisher,
             self.metrics,
-            self.hooks,
-            RecentIds(self.repeat_window),
+            self.settings.hooks,
+            RecentIds(self.settings.repeat_window),
             transactional=False,
         )
         steps = build_steps(self.routes.values(), KeyOrders(None, None), Breakers())
@@ -175,7 +161,7 @@ class ShareApp(Running):
         consumer = ShareConsumer(
             {
                 **config,
-                **self.consumer_kafka,
+                **self.settings.consumer_kafka,
                 # redrive's guarantees rest on these: not to be overridden.
                 "group.id": self.group,
                 "share.acknowledgement.mode": "explicit",
@@ -188,10 +174,9 @@ class ShareApp(Running):
             publisher,
             self.share_metrics,
             terms,
-            self.poll_timeout_s,
+            self.settings.polling.poll_timeout_s,
             self._fatal,
         )
-        self._turns = turns
         try:
             consumer.subscribe(sorted(self._reads))
             log.info(
@@ -216,7 +201,7 @@ class ShareApp(Running):
         return 0  # a share consumer is not told which partitions it reads
 
     def _poll_limit_ms(self) -> float:
-        return max_poll_interval_ms({**self.kafka, **self.consumer_kafka})
+        return max_poll_interval_ms(self.settings.consumer_config)
 
     def _fatal(self, error: KafkaError) -> Exception:
         return fatal_group_error(error, self.group, None, "ShareApp(group=...)")
