@@ -107,6 +107,52 @@ def test_later_records_of_a_key_wait_behind_its_retry(
             assert outcome_count(again, topic, "held_behind") == 0
 
 
+def test_records_another_producer_writes_to_a_tier_keep_no_line(
+    bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    # While a1 waits for its retry, records of key a that redrive did not write from the
+    # source reach the tier: one without headers (failing once, so its own retry goes
+    # out too) and one forging an ordered copy of the source's offset 0 (a1's) from
+    # another topic. Neither joins a's line: each is handled, a2 follows a1, and the
+    # key is free afterwards.
+    topic = new_topic("key-order-foreign")
+    tier = f"g-{topic}.{topic}.retry.2s"
+    calls = Calls()
+    succeeded: set[tuple[bytes, int]] = set()
+
+    def handler(message: Message) -> None:
+        calls.add(message)
+        if message.raw_value in (b"a1", b"f1") and message.attempt == 1:
+            raise Flaky("fails once")
+        assert message.raw_value is not None
+        succeeded.add((message.raw_value, message.attempt))
+
+    forged = [
+        ("redrive-destination", topic.encode()),
+        ("redrive-retry-at", b"0"),
+        ("redrive-attempt", b"1"),
+        ("redrive-order", b"behind"),
+        ("redrive-original-topic", b"elsewhere"),
+        ("redrive-original-partition", b"0"),
+        ("redrive-original-offset", b"0"),
+    ]
+    with running_app(_app(bootstrap, topic, "unused.requests", handler, "topics", "2s x3")) as app:
+        produce(bootstrap, topic, _records(b"a", [b"a1"]))
+        assert wait_for(lambda: any(c.value == b"a1" for c in calls.items), 20)
+        produce(
+            bootstrap,
+            tier,
+            [{"key": b"a", "value": b"f1"}, {"key": b"a", "value": b"f2", "headers": forged}],
+        )
+        produce(bootstrap, topic, _records(b"a", [b"a2"]))
+        for value in (b"f1", b"f2", b"a2"):
+            assert wait_for(lambda v=value: any(s[0] == v for s in succeeded), 30), value
+        assert _handled(calls, b"a", {s for s in succeeded if s[0][:1] == b"a"}) == [b"a1", b"a2"]
+        produce(bootstrap, topic, _records(b"a", [b"a3"]))
+        assert wait_for(lambda: (b"a3", 1) in succeeded, 20)
+        assert outcome_count(app, topic, "held_behind") == 1  # a2 alone
+
+
 def _app(
     bootstrap: str,
     topic: str,

@@ -6,6 +6,8 @@ A later record of a held key read from the source goes behind the line's last, a
 copy in that record's tier (``redrive-order: behind``, due at once); a copy read
 when it is not its line's head is moved behind the record before it; a stale copy
 (its record's live copy is elsewhere) is skipped. Only the head reaches its handler.
+A line holds records of the source alone: a record another producer wrote to a tier,
+or a retry of one, is handled without order (its offset is not the source's).
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ class TierLines(KeyOrder):
             return False
         lines, topic, partition = self.lines, route.topic, message.partition
         delivery = message.retry
+        if delivery is None and message.topic != topic:
+            return False  # written to a tier by another producer: no record of the source
         if delivery is None:  # from the source: behind the line's last, if any
             if not lines.held(topic, partition, key):
                 return False
@@ -64,8 +68,13 @@ class TierLines(KeyOrder):
             )
             return True
         offset = delivery.original_offset
-        if delivery.order is None or offset is None or delivery.original_partition != partition:
-            return False  # a retry written without order: handled as ever
+        if (
+            delivery.order is None
+            or offset is None
+            or delivery.original_topic != topic
+            or delivery.original_partition != partition
+        ):
+            return False  # a retry written without order, or of no source record: as ever
         turn = lines.where(topic, partition, key, offset, message.topic)
         if turn == "head":
             return False
@@ -102,7 +111,7 @@ class TierLines(KeyOrder):
     def handed_off(self, route: Route, request: RetryHeaders, key: bytes, to: str) -> None:
         topic, partition = request.original_topic, request.original_partition
         offset = request.original_offset
-        if topic is not None and partition is not None and offset is not None:
+        if topic == route.topic and partition is not None and offset is not None:
             self.lines.place(topic, partition, key, offset, to)
 
     def release(self, route: Route, delivery: RetryHeaders, key: bytes | None) -> None:
