@@ -144,17 +144,17 @@ def run_until_stopped(queries: Sequence[Any], *, poll_s: float = 0.5) -> None:
                     return  # it ended; one that failed raised its exception instead
     finally:
         if stop.is_set():
-            _quiet_stop()
+            silence_logs()
         for query in queries:
             query.stop()
         for sig, previous in handlers.items():
             signal.signal(sig, previous)
 
 
-def _quiet_stop() -> None:
-    """Asked to stop: the tasks interrupted say so at length (aborted writes, killed
-    tasks, state stores that cannot commit), all of it expected, none of it the
-    user's to read. The session ends next, with its log."""
+def silence_logs() -> None:
+    """Spark's log off, every logger of it. For a stop: the tasks interrupted say so at
+    length (aborted writes, killed tasks, state stores that cannot commit), all of it
+    expected, none of it the user's to read; the session ends next, with its log."""
     from pyspark import SparkContext
 
     context = SparkContext._active_spark_context
