@@ -23,7 +23,10 @@ Invariants:
 - **waits**: a failure retried in place seeks its partition back to the record and
   pauses it (as for a plain handler); the records queued behind it in its lane are
   dropped, to be fetched again after it. A circuit breaker that opens also drops what
-  is queued in every per-partition lane, seeking each partition back;
+  is queued in every per-partition lane, seeking each partition back. A route kept
+  in key order waits only at :meth:`AsyncRecords.accept` (its dead-letter brake,
+  ``Steps.intake``; a tier record not due): the record is not taken, and its
+  partition waits from it; what was taken before goes on;
 - **leaving**: on a revoke and on stop, the records taken for the partitions leaving,
   running or queued, get :data:`DRAIN_TIMEOUT_S` to be dealt with, then the
   positions are committed. Finishing what was taken, rather than dropping what has
@@ -215,6 +218,10 @@ class AsyncRecords:
                 self._done(tp, offset)
                 return None
             message = prepared
+            if steps.intake is not None:  # its brake: held now, in partition order
+                held = steps.intake(message)
+                if isinstance(held, Wait):
+                    return held  # untaken: its partition waits from it
             lane = None if message.key is None else (route.topic, message.key)
         self.in_flight.accept(tp, offset)
         item = _Item(steps, kind, record, topic, partition, offset, message)
