@@ -296,7 +296,7 @@ def test_build_steps_adds_the_brake_only_to_routes_that_have_one() -> None:
     metrics = ConsumerMetrics(CollectorRegistry())
     assert not Brakes.of([plain], metrics)
     steps = build_steps([plain], KeyOrders(None, None), Breakers(), Brakes())["orders"]
-    assert steps.gates == () and steps.circuit is None and steps.intake is None
+    assert steps.gates == () and steps.circuit is None and steps.intake_brake is None
     brakes = Brakes.of([braked], metrics)
     steps = build_steps([braked], KeyOrders(None, None), Breakers(), brakes)["orders"]
     assert len(steps.gates) == 1 and steps.circuit is brakes.get("orders")
@@ -309,10 +309,10 @@ def test_an_async_route_in_key_order_is_braked_when_its_records_are_taken() -> N
     route = route_with(DeadLetterBrake(), "service", charge)
     brakes = Brakes.of([route], ConsumerMetrics(CollectorRegistry()))
     steps = build_steps([route], KeyOrders(None, None), Breakers(), brakes)["orders"]
-    assert steps.gates == () and steps.intake is not None
+    assert steps.gates == () and steps.intake_brake is brakes.get("orders")
     in_place = route_with(DeadLetterBrake(), "blocking", charge)
     steps = build_steps([in_place], KeyOrders(None, None), Breakers(), brakes)["orders"]
-    assert len(steps.gates) == 1 and steps.intake is None
+    assert len(steps.gates) == 1 and steps.intake_brake is None
 
 
 def test_a_pause_route_with_a_brake_tells_both_and_the_breaker_may_widen_the_wait() -> None:

@@ -14,8 +14,9 @@ admits as its probe goes to its handler unless the breaker holds it).
 A gate that returns a Wait must see a partition's records in order, none later
 started: true of the sync loop and of async routes kept in partition order, not of
 async routes kept in key order, whose later records of a partition may run before an
-earlier one's turn. Such a route's brake is its :attr:`Steps.intake` instead, checked
-when a record is taken, in partition order (:meth:`AsyncRecords.accept`).
+earlier one's turn. Such a route's brake is its :attr:`Steps.intake_brake` instead,
+checked when a record is taken, in partition order (:meth:`AsyncRecords.accept`), and
+awaited in its lane at its turn.
 """
 
 from __future__ import annotations
@@ -97,9 +98,10 @@ class Steps:
     its dead-letter brake, or both."""
     key_order: KeyOrder | None
     """How the route keeps key order (``ordering="key"``): told each hand-off and release."""
-    intake: Gate | None = None
+    intake_brake: Brake | None = None
     """An async route kept in key order: its brake, checked as a record is taken (see
-    the module); a Wait leaves the record untaken and its partition waiting."""
+    the module; a Wait leaves the record untaken and its partition waiting) and awaited
+    at its turn (what was taken before it opened waits in its lane, taken)."""
 
 
 def key_order_gate(route: Route, order: KeyOrder) -> Gate:
@@ -172,12 +174,12 @@ def build_steps(
         circuit = breakers.get(route.topic)
         brake = brakes.get(route.topic) if brakes else None
         gates: list[Gate] = []
-        intake: Gate | None = None
+        intake: Brake | None = None
         if order is not None:
             gates.append(key_order_gate(route, order))
         if brake is not None:
             if route.is_async and not route.strategy.in_place:
-                intake = brake_gate(brake)
+                intake = brake
             else:
                 gates.append(brake_gate(brake))
         if circuit is not None:
