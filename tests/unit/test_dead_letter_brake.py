@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
+from structlog.testing import capture_logs
 
 from redrive import App, Breaker, DeadLetterBrake, Pause, ShareApp
 from redrive.consumer.brake import PROBE_TIMEOUT_MS, BrakeMachine, BreakerState
@@ -326,3 +327,26 @@ def test_a_pause_route_with_a_brake_tells_both_and_the_breaker_may_widen_the_wai
     assert wait is not None and wait.all_partitions  # the breaker's
     brake = brakes.get("orders")
     assert brake is not None and brake.state is OPEN
+
+
+def test_each_transition_is_logged_naming_the_topic_and_the_rate() -> None:
+    clock = Clock()
+    settings_ = DeadLetterBrake(dead_letters=2, window="30s", open_for="5s")
+    brake = Brake(route_with(settings_), settings_, ConsumerMetrics(CollectorRegistry()), clock)
+    with capture_logs() as events:
+        brake.failed(dead(), None)
+        brake.failed(dead(), None)
+        clock.now += 5_000
+        brake.tick(clock.now)
+        brake.admit(cast(Message, None))
+        brake.succeeded()
+    said = [(e["event"], e["log_level"]) for e in events]
+    assert said == [
+        ("dead-letter brake open", "warning"),
+        ("dead-letter brake half-open", "info"),
+        ("dead-letter brake closed", "info"),
+    ]
+    opened = events[0]
+    assert opened["topic"] == "orders" and opened["open_until_ms"] == 6_000
+    assert opened["why"] == "2 dead letters in 30s (4/min); open #1 for 5s"
+    assert opened["holds"] == ["g.orders.retry.1s", "orders"]

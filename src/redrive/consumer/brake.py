@@ -157,8 +157,9 @@ class BrakeMachine:
             return None
         settings = self.settings
         window = format_duration(settings.window_ms)
-        rate = settings.per_minute(len(times))
-        return self._open(now_ms, f"{len(times)} dead letters in {window} ({rate:g}/min)")
+        count, rate = len(times), settings.per_minute(len(times))
+        letters = "dead letter" if count == 1 else "dead letters"
+        return self._open(now_ms, f"{count} {letters} in {window} ({rate:g}/min)")
 
     def retried(self, now_ms: int) -> Transition | None:
         """A record failed and was retried: says nothing while closed (only dead letters
