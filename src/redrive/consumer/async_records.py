@@ -410,6 +410,8 @@ class AsyncRecords:
                 # Taken before its brake opened: it waits here, taken, its handler unrun.
                 while brake.state and (held := brake.admit(message)) is not None:
                     await asyncio.sleep(max(held.until_ms - now_ms(), 10) / 1000)
+                    if not self.in_flight.holds(tp, offset):
+                        return True  # given up or its partition left: not ours to handle
             state = records.state_of(item.topic, item.partition, offset)
         except Exception as exc:  # noqa: BLE001 - redrive's own failure on this record
             return self._unprocessable(item, exc)
