@@ -65,6 +65,8 @@ def healthz(app: App) -> tuple[int, dict[str, object]]:
 
 VARIANTS = {
     "def": {},
+    # Retried in place behind a circuit breaker: both hear each outcome.
+    "pause": {'strategy="topics"': 'strategy="pause"'},
     # An async handler kept in key order: the brake holds records as they are taken.
     "async def, key order": {
         "def charge(": "async def charge(",
