@@ -37,6 +37,8 @@ FAMILIES = {
     "redrive_consumer_handler_seconds": "counter",
     "redrive_consumer_waiting_partitions": "gauge",
     "redrive_consumer_breaker_state": "gauge",
+    "redrive_consumer_dead_letter_brake_state": "gauge",
+    "redrive_consumer_dead_letter_brake_openings": "counter",
 }
 
 

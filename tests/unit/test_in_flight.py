@@ -111,3 +111,18 @@ def test_matches_a_plain_model(data: st.DataObject) -> None:
             beyond = [o for o in sorted(state[part]) if o > prefix and state[part][o] == "done"]
             assert book.done_beyond(part) == beyond
         assert book.count == sum(s == "open" for m in state.values() for s in m.values())
+
+
+def test_it_holds_a_record_only_while_it_is_open_here() -> None:
+    book = InFlight()
+    tp = ("t", 0)
+    assert not book.holds(tp, 1)
+    book.accept(tp, 1)
+    book.accept(tp, 2)
+    book.accept(tp, 3)
+    assert book.holds(tp, 1)
+    book.done(tp, 1)
+    book.give_up(tp, 2)
+    assert not book.holds(tp, 1) and not book.holds(tp, 2) and book.holds(tp, 3)
+    book.forget({tp})
+    assert not book.holds(tp, 3)

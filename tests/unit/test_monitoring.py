@@ -96,6 +96,8 @@ def registries() -> list[CollectorRegistry]:
     consumer = ShareMetrics()  # an App's metrics, and a ShareApp's besides
     consumer.records.labels(topic="orders", outcome="handled").inc()
     consumer.breaker_state.labels(topic="orders").set(1)
+    consumer.dead_letter_brake_state.labels(topic="orders").set(1)
+    consumer.dead_letter_brake_openings.labels(topic="orders").inc()
     consumer.acknowledgements.labels(topic="orders", type="accept").inc()
     consumer.lock_released.labels(topic="orders").inc()
     consumer.lock_outlived.labels(topic="orders").inc()

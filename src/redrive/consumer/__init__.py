@@ -6,6 +6,7 @@ from redrive.consumer.app import (
     UnprocessableRecordError,
     UnreadableHeadersError,
 )
+from redrive.consumer.brake import DeadLetterBrake
 from redrive.consumer.breaker import Breaker, BreakerState
 from redrive.consumer.errors import BatchFailed, InvalidBatchFailureError
 from redrive.consumer.handlers import AsyncHandlerError
@@ -20,6 +21,7 @@ __all__ = [
     "Blocking",
     "Breaker",
     "BreakerState",
+    "DeadLetterBrake",
     "DeserializationError",
     "InvalidBatchFailureError",
     "Message",

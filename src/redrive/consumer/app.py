@@ -37,6 +37,7 @@ from redrive.consumer.errors import (
 )
 from redrive.consumer.loop_health import max_poll_interval_ms
 from redrive.consumer.metrics import ConsumerMetrics
+from redrive.consumer.metrics_server import Health
 from redrive.consumer.registry import Registry
 from redrive.consumer.repeats import DEFAULT_REPEAT_WINDOW
 from redrive.consumer.routes import (
@@ -167,6 +168,14 @@ class App(Registry, Running):
             session.finish()
         finally:
             self._shutdown()
+
+    def health(self, now: float | None = None) -> Health:
+        """What ``/healthz`` answers: the loop's health (:meth:`Running.health`), and
+        the dead-letter brakes, if any: a brake not closed makes a healthy App
+        ``degraded`` (still 200; see :meth:`redrive.consumer.brakes.Brakes.degrade`)."""
+        verdict = super().health(now)
+        session = self._session
+        return verdict if session is None else session.brakes.degrade(verdict)
 
     def _assigned(self) -> int:
         session = self._session

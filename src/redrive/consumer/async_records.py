@@ -23,7 +23,11 @@ Invariants:
 - **waits**: a failure retried in place seeks its partition back to the record and
   pauses it (as for a plain handler); the records queued behind it in its lane are
   dropped, to be fetched again after it. A circuit breaker that opens also drops what
-  is queued in every per-partition lane, seeking each partition back;
+  is queued in every per-partition lane, seeking each partition back. A route kept
+  in key order waits only at :meth:`AsyncRecords.accept` (its dead-letter brake,
+  ``Steps.intake_brake``; a tier record not due): the record is not taken, and its
+  partition waits from it; what its brake finds taken at its turn waits in its
+  lane (asleep, in flight) until the brake lets it pass;
 - **leaving**: on a revoke and on stop, the records taken for the partitions leaving,
   running or queued, get :data:`DRAIN_TIMEOUT_S` to be dealt with, then the
   positions are committed. Finishing what was taken, rather than dropping what has
@@ -51,7 +55,9 @@ import structlog
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka import Message as KafkaMessage
 
+from redrive.clock import now_ms
 from redrive.consumer import done_ahead
+from redrive.consumer.brake import BreakerState
 from redrive.consumer.in_flight import InFlight
 from redrive.consumer.message import Message
 from redrive.consumer.offsets import OffsetTracker, Partition
@@ -106,6 +112,8 @@ class _Item:
     partition: int
     offset: int
     message: Message | None
+    probe: bool = False
+    """Admitted by its route's half-open brake as it was taken: the probe."""
 
 
 class AsyncRecords:
@@ -201,6 +209,7 @@ class AsyncRecords:
             )
             return None
         message: Message | None = None
+        probe = False
         lane: LaneKey | None
         if route.strategy.in_place:
             # Read when its turn comes: a record before it may yet seek the partition
@@ -215,9 +224,15 @@ class AsyncRecords:
                 self._done(tp, offset)
                 return None
             message = prepared
+            brake = steps.intake_brake
+            if brake is not None and brake.state:  # held now, in partition order
+                held = brake.admit(message)
+                if held is not None:
+                    return held  # untaken: its partition waits from it
+                probe = brake.state is BreakerState.HALF_OPEN
             lane = None if message.key is None else (route.topic, message.key)
         self.in_flight.accept(tp, offset)
-        item = _Item(steps, kind, record, topic, partition, offset, message)
+        item = _Item(steps, kind, record, topic, partition, offset, message, probe)
         if lane is not None:
             queued = self._lanes.get(lane)
             if queued is not None:
@@ -332,7 +347,12 @@ class AsyncRecords:
         try:
             while current is not None:
                 message, steps = current.message, current.steps
-                if message is not None and not steps.gates and not records.in_place:
+                if (
+                    message is not None
+                    and not steps.gates
+                    and not records.in_place
+                    and steps.intake_brake is None
+                ):
                     # The usual record, inline (the success path is the hot path): read
                     # already, and no gate or retry in place to consult.
                     started = time.perf_counter()
@@ -385,6 +405,13 @@ class AsyncRecords:
             if stop is not None:
                 self._done(tp, offset)
                 return True
+            brake = steps.intake_brake
+            if brake is not None and not item.probe:
+                # Taken before its brake opened: it waits here, taken, its handler unrun.
+                while brake.state and (held := brake.admit(message)) is not None:
+                    await asyncio.sleep(max(held.until_ms - now_ms(), 10) / 1000)
+                    if not self.in_flight.holds(tp, offset):
+                        return True  # given up or its partition left: not ours to handle
             state = records.state_of(item.topic, item.partition, offset)
         except Exception as exc:  # noqa: BLE001 - redrive's own failure on this record
             return self._unprocessable(item, exc)

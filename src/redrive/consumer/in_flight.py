@@ -84,6 +84,11 @@ class InFlight:
             self.count -= 1
             book[offset] = None
 
+    def holds(self, partition: Partition, offset: int) -> bool:
+        """Whether the record is accepted and open here (not done, given up or forgotten)."""
+        book = self._open.get(partition)
+        return book is not None and book.get(offset) is False
+
     def done_beyond(self, partition: Partition) -> list[int]:
         """The offsets done after the partition's first record not done, ascending (the
         records a commit at that position names: :mod:`redrive.consumer.done_ahead`)."""

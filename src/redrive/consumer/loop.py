@@ -69,6 +69,8 @@ def poll_once(
     now = now_ms()
     if records.breakers:
         records.breakers.tick(now)  # open breakers whose time is over: half-open
+    if records.brakes:
+        records.brakes.tick(now)  # the same of dead-letter brakes
     pauses.resume_due(now)
     timeout = poll_timeout_s
     next_due = pauses.next_due_ms()

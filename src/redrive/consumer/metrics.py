@@ -39,3 +39,16 @@ class ConsumerMetrics:
             ["topic"],
             registry=self.registry,
         )
+        self.dead_letter_brake_state = Gauge(
+            "redrive_consumer_dead_letter_brake_state",
+            "State of each handler's dead-letter brake, by handler topic: 0 closed, "
+            "1 open (the route's partitions wait), 2 half-open.",
+            ["topic"],
+            registry=self.registry,
+        )
+        self.dead_letter_brake_openings = Counter(
+            "redrive_consumer_dead_letter_brake_openings",
+            "Times each handler's dead-letter brake opened, by handler topic.",
+            ["topic"],
+            registry=self.registry,
+        )

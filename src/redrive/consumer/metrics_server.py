@@ -43,7 +43,8 @@ _POLL_INTERVAL_S = 0.1
 
 @dataclass(frozen=True)
 class Health:
-    """What ``/healthz`` answers: 200 when ``ok``, else 503; ``detail`` joins the body."""
+    """What ``/healthz`` answers: 200 when ``ok``, else 503; ``detail`` joins the body
+    (a ``status`` there, such as ``degraded``, replaces ``ok``)."""
 
     ok: bool
     detail: Mapping[str, object]

@@ -170,7 +170,7 @@ class Outcomes:
         route = steps.route
         first = state.first_failure_ms if state else None
         failure, outcome = self.decide(route, message, error, first)
-        # The pause strategy's breaker counts the failure, and may widen the wait.
+        # The route's breaker and brake hear of the failure; the breaker may widen the wait.
         circuit = steps.circuit
         if isinstance(outcome, DeadLettered):
             self.in_place.pop((message.topic, message.partition), None)

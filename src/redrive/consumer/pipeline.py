@@ -29,6 +29,7 @@ from collections.abc import Mapping
 import structlog
 from confluent_kafka import Message as KafkaMessage
 
+from redrive.consumer.brakes import Brakes
 from redrive.consumer.errors import (
     DeserializationError,
     UnprocessableRecordError,
@@ -61,6 +62,7 @@ class Pipeline:
         steps: Mapping[str, Steps],
         outcomes: Outcomes,
         breakers: Breakers,
+        brakes: Brakes | None = None,
     ) -> None:
         self.group = group
         self.reads: dict[str, Read] = {
@@ -69,6 +71,8 @@ class Pipeline:
         self.outcomes = outcomes
         self.breakers = breakers
         """The pause handlers' circuit breakers (the loop ticks them each turn)."""
+        self.brakes = brakes or Brakes()
+        """The routes' dead-letter brakes (the loop ticks them each turn)."""
         self.in_place = outcomes.in_place
         self.handled = outcomes.handled
 

@@ -146,6 +146,12 @@ class Registry(Routes):
         """The same as :meth:`batch_handler`, without the decorator."""
         # A route as any handler's (same checks); the loop hands it lists.
         route = self._route(topic, fn, options)
+        if route.dead_letter_brake is not None:  # not in BatchHandlerOptions: untyped callers
+            raise ConfigError(
+                f"dead_letter_brake for batch handler {topic!r}",
+                "batch handlers have no dead-letter brake yet",
+                "use a single-record handler (@app.handler), or no brake",
+            )
         settings = batch_settings(topic, fn, route.strategy, max_records, max_wait)
         self._register(route)
         self._batched[topic] = settings

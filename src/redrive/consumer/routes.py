@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from redrive.consumer.brake import DeadLetterBrake
 from redrive.consumer.breaker import Breaker
 from redrive.consumer.handlers import is_async_callable
 from redrive.consumer.strategies import (
@@ -70,6 +71,9 @@ class HandlerOptions(RouteOptions, total=False):
     strategy: Strategy
     """A strategy value (``Service(ordering="key")``, ``Pause(breaker=...)``...) or its
     shorthand (``"service"``: ``Service()``); default ``Service()``."""
+    dead_letter_brake: DeadLetterBrake | None
+    """Stop handling the route for a while when its dead letters surge
+    (:mod:`redrive.consumer.brakes`); default None: no brake."""
 
 
 class BatchHandlerOptions(RouteOptions, total=False):
@@ -100,6 +104,8 @@ class Route:
     """Nominal delay (ms) -> tier topic, for the `topics` strategy."""
     is_async: bool = False
     """The handler is ``async def``: the App awaits it on its event loop."""
+    dead_letter_brake: DeadLetterBrake | None = None
+    """When its dead letters surge, the route stops for a while (:mod:`redrive.consumer.brakes`)."""
     router: Router = field(init=False, repr=False, compare=False)
     """Decides this route's failures with its policy, for its group."""
     # The strategy's options, read on every record: plain attributes, set once.
@@ -189,6 +195,18 @@ def build_route(
         options.get("value_deserializer"),
         options.get("dead_letters") or strategy.default_dead_letters,
         is_async=is_async_callable(fn),
+        dead_letter_brake=brake_value(topic, options.get("dead_letter_brake")),
+    )
+
+
+def brake_value(topic: str, brake: object) -> DeadLetterBrake | None:
+    """The dead-letter brake a handler names, checked (for callers mypy does not check)."""
+    if brake is None or isinstance(brake, DeadLetterBrake):
+        return brake
+    raise ConfigError(
+        f"dead_letter_brake for {topic!r}",
+        f"{brake!r} is not a DeadLetterBrake",
+        'use DeadLetterBrake(dead_letters=100, window="1m"), or None',
     )
 
 

@@ -28,6 +28,7 @@ from redrive.client_logs import with_client_logs
 from redrive.consumer.assignment import Assignment, Callbacks, reset_offset
 from redrive.consumer.async_records import AsyncRecords
 from redrive.consumer.batches import Batches, BatchSettings
+from redrive.consumer.brakes import Brakes
 from redrive.consumer.clients import make_consumer, make_producer
 from redrive.consumer.loop import flush_batches, poll_once
 from redrive.consumer.metrics import ConsumerMetrics
@@ -100,12 +101,14 @@ class Session:
             RecentIds(settings.repeat_window),
             settings.transactional,
         )
+        self.brakes = Brakes.of(routes.values(), metrics)
         self.records = Pipeline(
             settings.group,
             reads,
-            build_steps(routes.values(), orders, breakers),
+            build_steps(routes.values(), orders, breakers, self.brakes),
             outcomes,
             breakers,
+            self.brakes,
         )
         self.pauses = PauseBook(self.consumer)
         self.batches = Batches(self.records, dict(batched)) if batched else None

@@ -45,6 +45,7 @@ from redrive.consumer.steps import KeyOrders, build_steps
 from redrive.consumer.strategies import Service
 from redrive.consumer.strategies.pause import Breakers
 from redrive.consumer.topics import create_derived_topics
+from redrive.errors import ConfigError
 from redrive.membership import fatal_group_error
 from redrive.partitioners import DEFAULT_PARTITIONER, Partitioner, PartitionerName
 
@@ -131,6 +132,12 @@ class ShareApp(Routes, Running):
         self, topic: str, fn: Callable[[Message], Any], **options: Unpack[ShareHandlerOptions]
     ) -> None:
         """The same as :meth:`handler`, without the decorator."""
+        if "dead_letter_brake" in options:  # an App's option, from untyped callers
+            raise ConfigError(
+                f"dead_letter_brake for {topic!r}",
+                "a ShareApp has no dead-letter brake yet",
+                "leave it out, or use an App",
+            )
         given = {k: v for k, v in options.items() if k != "per_group_topic"}
         route_options = cast(HandlerOptions, given)
         route_options["strategy"] = Service(per_group_topic=bool(options.get("per_group_topic")))
