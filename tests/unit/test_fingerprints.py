@@ -77,7 +77,8 @@ def test_what_is_masked() -> None:
         "hash 9f86d081884c7d65 said 'out of stock' at 2026-11-28T00:10:16Z; can't go on (char 0)"
     )
     assert mask(text) == (
-        "order <n> of <email> (id <uuid>) at <hex> hash <n> said '<q>' at <n>; can't go on (char <n>)"
+        "order <n> of <email> (id <uuid>) at <hex> hash <n> said '<q>' at <n>; "
+        "can't go on (char <n>)"
     )
 
 
