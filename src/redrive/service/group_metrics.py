@@ -32,7 +32,7 @@ MAX_GROUPS: Final = 50
 
 
 class ErrorGroupCollector(Collector):
-    def __init__(self, read: Callable[[int], list[GroupSurge]], ttl_s: float = 15.0) -> None:
+    def __init__(self, read: Callable[[int], list[GroupSurge]], ttl_s: float = 60.0) -> None:
         self._read = read
         self._ttl_s = ttl_s
         self._cached: list[GroupSurge] = []
