@@ -134,7 +134,7 @@ def unmute_group(who: Operator, groups: Groups, error_group: GroupId) -> dict[st
     return groups.mute(who, error_group, muted=False)
 
 
-@router.post("/dead-letters/{letter_id:int}/move", responses=_errors(403, 404, 413))
+@router.post("/dead-letters/{letter_id:int}/move", responses=_errors(400, 403, 404, 413))
 def move_letter(
     who: Operator, groups: Groups, letter_id: LetterId, body: GroupMove
 ) -> dict[str, Any]:
