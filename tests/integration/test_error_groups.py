@@ -172,6 +172,12 @@ def test_group_mute_move_replay_and_delete_are_done_and_audited(env: Env) -> Non
     assert muted.json() == {"error_group": t_id, "muted": True}
     assert list(_groups(env, muted="true")) == ["billing.Timeout: gateway said <n>"]
     assert audit_actions(env)[0] == "mute-group"
+    # The surge gauges name each group active in the last hour, muted or not.
+    metrics = env.api.get("/metrics").text
+    assert (
+        f'redrive_error_group_letters_last_hour{{error_group="{t_id}",muted="true"}} 3.0' in metrics
+    )
+    assert f'redrive_error_group_surge_ratio{{error_group="{b_id}",muted="false"}} 3.0' in metrics
 
     # Move a letter of the Bad group into the Timeout group: its fingerprint is kept.
     letters = env.api.get(f"/api/v1/error-groups/{b_id}/dead-letters").json()["items"]
