@@ -48,7 +48,7 @@ WITH parts AS (
                FILTER (WHERE topic IS NOT NULL))[1:{MAX_NAMES}] AS topics,
            (array_agg(DISTINCT group_id ORDER BY group_id)
                FILTER (WHERE group_id IS NOT NULL))[1:{MAX_NAMES}] AS consumer_groups
-    FROM parts GROUP BY error_group HAVING {{having}}
+    FROM parts GROUP BY error_group
 )
 SELECT s.error_group, coalesce(g.title, s.error_group) AS title,
        coalesce(g.muted, false) AS muted, g.muted_by, g.muted_at, s.count,
@@ -112,13 +112,12 @@ def _figures(
     conn: psycopg.Connection[Any],
     *,
     letters: str = "TRUE",
-    having: str = "TRUE",
     state: str = "TRUE",
     order: str = "count",
     params: dict[str, Any],
     now: datetime | None = None,
 ) -> list[ErrorGroup]:
-    sql = _GROUPS.format(letters=letters, having=having, state=state, order=ORDERS[order])
+    sql = _GROUPS.format(letters=letters, state=state, order=ORDERS[order])
     with conn.cursor(row_factory=dict_row) as cur:
         rows = cur.execute(sql.encode(), params).fetchall()
     hourly = _hourly(conn, [r["error_group"] for r in rows], now or datetime.now(UTC))
@@ -159,17 +158,14 @@ def listed(
 ) -> list[ErrorGroup]:
     """Up to ``limit`` groups with letters, by count or last seen; those with letters on
     ``topic`` (counting all their letters), muted or not when asked."""
-    having = "TRUE" if topic is None else "bool_or(topic = %(topic)s)"
-    letters = (
-        "TRUE"
-        if topic is None
-        else (
+    letters = "TRUE"
+    if topic is not None:
+        letters = (
             "error_group IN (SELECT error_group FROM redrive_dead_letters WHERE topic = %(topic)s)"
         )
-    )
     state = "TRUE" if muted is None else "coalesce(g.muted, false) = %(muted)s"
     params = {"topic": topic, "muted": muted, "limit": limit}
-    return _figures(conn, letters=letters, having=having, state=state, order=order, params=params)
+    return _figures(conn, letters=letters, state=state, order=order, params=params)
 
 
 def one(conn: psycopg.Connection[Any], error_group: str) -> ErrorGroup | None:
