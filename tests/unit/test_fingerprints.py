@@ -130,3 +130,23 @@ def test_a_letter_without_an_error_is_grouped_by_its_reason() -> None:
     assert group_of(one) == group_of(two)
     assert group_of(one).title == "destination_not_allowed: destination '<q>' is not allowed"
     assert group_of(one).fingerprint != group_of(other).fingerprint
+
+
+CONNECT_TRACE = """org.apache.kafka.connect.errors.DataException: Converting failed
+\tat io.confluent.connect.avro.AvroConverter.toConnectData(AvroConverter.java:{line})
+\tat org.apache.kafka.connect.runtime.WorkerSinkTask.convertValue(WorkerSinkTask.java:545)
+"""
+
+
+def test_letters_of_other_systems_group_by_what_they_hold() -> None:
+    # A Kafka Connect letter: every frame is the framework's, so type and message alone.
+    connect = "org.apache.kafka.connect.errors.DataException"
+    one = failure(connect, "Unknown magic byte!", CONNECT_TRACE.format(line=107))
+    two = failure(connect, "Unknown magic byte!", CONNECT_TRACE.format(line=110))
+    assert app_frame(one.error_trace) is None
+    assert group_of(one) == group_of(two)
+    # Records of a dead-letter topic without metadata: by the reason, the place masked.
+    raw = "record without dead-letter metadata ingested from orders.dlq[{p}]@{o}"
+    first = Failure(None, None, None, "ingested", raw.format(p=0, o=17))
+    second = Failure(None, None, None, "ingested", raw.format(p=3, o=90_210))
+    assert group_of(first) == group_of(second)
