@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 
-from bench import consumer, kafka_raw, relay, replay_jobs, service, share
+from bench import consumer, groups, kafka_raw, relay, replay_jobs, service, share
 from bench.common import Result, fresh_database, print_table, private_stack
 from redrive.local import StackStatus
 from redrive.logs import configure
@@ -39,6 +39,7 @@ SIZES = {
         "consumer_service": 30_000,
         "spark": 200_000,
         "replay": 5_000,
+        "groups": 1_000_000,
     },
     "quick": {
         "raw": 2_000,
@@ -52,9 +53,10 @@ SIZES = {
         "consumer_service": 1_000,
         "spark": 500,
         "replay": 1_000,
+        "groups": 5_000,
     },
 }
-ALL = ["raw", "service", "precision", "pending", "consumer", "spark", "replay"]
+ALL = ["raw", "service", "precision", "pending", "consumer", "spark", "replay", "groups"]
 REPLAY_RATE = 500.0
 
 
@@ -196,6 +198,8 @@ def main(argv: list[str] | None = None) -> list[Result]:
                     _round(r),
                 )
             )
+        if "groups" in chosen:
+            results += _groups(stack.database_url, size["groups"])
     # The services' logs matter when a run fails (its error names them); not after.
     shutil.rmtree(workdir, ignore_errors=True)
     print_table(results)
@@ -205,6 +209,28 @@ def main(argv: list[str] | None = None) -> list[Result]:
 
 
 WORKER_COUNTS = (1, 2, 3)
+
+
+def _groups(server_url: str, n: int) -> list[Result]:
+    """Benchmark 8: migration 012 grouping `n` stored letters, and the group reads."""
+    g = groups.run(server_url, n, fresh_database)
+    print(f"error groups: {g}")
+    return [
+        Result(
+            f"8 error groups migration, {n:,} letters",
+            f"{g['letters_per_s']:,.0f} letters/s ({g['migrate_s']:.0f} s)",
+            "-",
+            None,
+            _round(g),
+        ),
+        Result(
+            f"8 error groups list, {n:,} letters",
+            f"{g['list_ms']:.0f} ms for the 50 largest",
+            "-",
+            None,
+            _round({k: v for k, v in g.items() if k.endswith("_ms")}),
+        ),
+    ]
 
 
 def _service_end_to_end(

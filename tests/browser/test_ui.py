@@ -24,6 +24,8 @@ from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_play
 
 from redrive.deadlines import Deadline
 from redrive.ports import free_port
+from redrive.reasons import DeadLetterReason
+from redrive.records import DeadLetterRecord, RequestCoordinates
 from redrive.service.filters import DeadLetterFilter, PendingFilter
 from redrive.service.operations import Operations
 from redrive.service.service import RetryService
@@ -1028,3 +1030,68 @@ def test_record_story_of_a_dead_letter_and_a_pending_retry(ui: Ui, page: Page) -
         _story(ui, "delivered", key=b"story-79")
     finally:
         collector.close()
+
+
+def _grouped_letters(ui: Ui) -> None:
+    """30 letters of two failures whose messages differ in ids and numbers."""
+    letters = [
+        DeadLetterRecord(
+            topic=ui.orders,
+            key=f"g-{n}".encode(),
+            value=b'{"grouped": true}',
+            headers=[],
+            reason_code=DeadLetterReason.ATTEMPTS_EXHAUSTED,
+            reason="attempts exhausted (5 of 5)",
+            source="intake",
+            attempt=5,
+            request=RequestCoordinates("ui-groups", 0, n),
+            identity=uuid.uuid4().bytes,
+            group="checkout",
+            original_topic=ui.orders,
+            original_partition=0,
+            original_offset=50_000 + n,
+            error_type="groups.GatewayTimeout" if n % 3 else "groups.CardDeclined",
+            error_message=f"gateway {uuid.uuid4()} timed out after {n * 11} ms"
+            if n % 3
+            else f"card of customer {n} declined (order order-{n})",
+        )
+        for n in range(30)
+    ]
+    ui.store.insert_batch([], letters, now_ms=now_ms())
+
+
+def test_error_groups_pages(ui: Ui, page: Page, output_dir: Path) -> None:
+    shots = output_dir / "screenshots"
+    shots.mkdir(parents=True, exist_ok=True)
+    _grouped_letters(ui)
+    sign_in(page, ui.operator)
+    page.goto("/error-groups")
+    timeout_row = page.locator("table.error-groups tbody tr", has_text="groups.GatewayTimeout")
+    expect(timeout_row).to_have_count(1)
+    expect(timeout_row).to_contain_text("gateway <uuid> timed out after <n> ms")
+    expect(timeout_row.locator("td.num")).to_have_text("20")
+    declined = page.locator("table.error-groups tbody tr", has_text="groups.CardDeclined")
+    expect(declined.locator("td.num")).to_have_text("10")
+    expect(timeout_row.locator("svg.sparkline rect")).to_have_count(24)
+    page.screenshot(path=shots / "error-groups.png", full_page=True)
+
+    timeout_row.get_by_role("link").click()
+    expect(page.locator("h1")).to_contain_text("groups.GatewayTimeout")
+    expect(page.locator("table[data-rows] tbody tr")).to_have_count(20)
+    page.screenshot(path=shots / "error-group.png", full_page=True)
+    page.get_by_role("button", name="Mute").click()
+    expect(page.locator(".flash")).to_contain_text("muted")
+    expect(page.locator(".page-head .badge")).to_have_text("muted")
+    group = page.url.rsplit("/", 1)[-1]
+
+    # A letter's page links to its group, and moves it to another.
+    page.locator("table[data-rows] tbody tr a").first.click()
+    expect(page.locator(f'a[href="/error-groups/{group}"]')).to_have_count(1)
+    other = ui.store.error_groups(topic=ui.orders, limit=500)
+    declined_group = next(g.error_group for g in other if g.title.startswith("groups.Card"))
+    page.get_by_label("Move to error group").fill(declined_group)
+    page.get_by_role("button", name="Move", exact=True).click()
+    expect(page.locator(".flash")).to_contain_text(f"moved to error group {declined_group}")
+    expect(page.locator(f'a[href="/error-groups/{declined_group}"]')).to_have_count(1)
+    for name in ("error-groups", "error-group"):
+        assert (shots / f"{name}.png").stat().st_size > 10_000

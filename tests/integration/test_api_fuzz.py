@@ -345,6 +345,10 @@ UI_PARAMS = [
     ("/dead-letters/1", "back"),
     ("/pending/1/queue", "cursor"),
     ("/pending/2/queue", "back"),
+    ("/error-groups", "topic"),
+    ("/error-groups", "order"),
+    ("/error-groups", "muted"),
+    ("/error-groups/0123456789abcdef", "cursor"),
 ]
 
 
@@ -372,7 +376,13 @@ def test_ui_pages_show_every_seeded_row(fuzzed: Fuzzed) -> None:
         for row in dead_letters(fuzzed.service.database_url):
             page = web.get(f"/dead-letters/{row['id']}")
             assert page.status_code == 200, (row["id"], page.text[:300])
-        for path in ("/", "/pending", "/dead-letters", "/pending?cursor=" + "A" * 50):
+        for path in (
+            "/",
+            "/pending",
+            "/dead-letters",
+            "/pending?cursor=" + "A" * 50,
+            "/error-groups",
+        ):
             assert web.get(path).status_code == 200, path
 
 

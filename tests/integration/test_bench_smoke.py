@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 SPARK = "spark"
-OTHERS = ["service", "precision", "pending", "consumer", "replay"]
+OTHERS = ["service", "precision", "pending", "consumer", "replay", "groups"]
 
 
 def run_quick(only: list[str], tmp_path: Path) -> dict[str, dict[str, Any]]:
@@ -64,6 +64,8 @@ def test_every_benchmark_but_spark_runs_and_reports_its_figures(tmp_path: Path) 
         "5 consumer share group, 2 consumers",
         "5 consumer share group, 4 consumers",
         "7 replay job",
+        "8 error groups migration, 5,000 letters",
+        "8 error groups list, 5,000 letters",
     ]
     assert sorted(results) == sorted(expected)
     # Every message came back (the benchmarks raise otherwise) and was counted.
@@ -78,6 +80,8 @@ def test_every_benchmark_but_spark_runs_and_reports_its_figures(tmp_path: Path) 
     assert shared["n"] == 1_000 and shared["per_s"] > 0 and shared["bare_per_s"] > 0
     replay = results["7 replay job"]["figures"]
     assert replay["n"] == 1_000 and replay["progress_steps_seen"] > 1
+    grouped = results["8 error groups migration, 5,000 letters"]["figures"]
+    assert grouped["n"] == 5_000 and grouped["groups"] == 400
 
 
 @pytest.mark.spark

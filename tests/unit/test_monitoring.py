@@ -19,6 +19,7 @@ from redrive.consumer.metrics import ConsumerMetrics
 from redrive.consumer.share.metrics import ShareMetrics
 from redrive.reasons import DeadLetterReason
 from redrive.service.metrics import ServiceMetrics
+from redrive.service.store import GroupSurge
 from redrive.spark.metrics import OUTCOMES as SPARK_RECORD_OUTCOMES
 from redrive.spark.metrics import SparkMetrics
 
@@ -84,7 +85,13 @@ def registries() -> list[CollectorRegistry]:
     """The service's, an App's and a Spark session's registries, built as the code
     builds them, with one
     child of each labelled metric so that its series and labels show."""
-    service = ServiceMetrics(lambda: {"orders": 3}, lambda: 0, lambda: {"store": True})
+    surge = GroupSurge(error_group="0123456789abcdef", muted=False, last_hour=60, usual_per_hour=2)
+    service = ServiceMetrics(
+        lambda: {"orders": 3},
+        lambda: 0,
+        lambda: {"store": True},
+        error_group_surges=lambda limit: [surge],
+    )
     service.invalid.labels(reason="invalid_request").inc()
     service.published.labels(destination="orders").inc()
     service.dead_lettered.labels(reason="sent_to_dlq").inc()

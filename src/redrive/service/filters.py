@@ -33,6 +33,7 @@ from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
 from redrive.headers import MAX_TOPIC_LENGTH
+from redrive.service.fingerprints import FINGERPRINT_PATTERN
 
 INT64_MIN = -(2**63)
 INT64_MAX = 2**63 - 1
@@ -154,6 +155,11 @@ class DeadLetterFilter(BaseModel):
     )
     until: FilterTime | None = Field(
         None, description="Dead before this time (ISO 8601; without an offset: UTC)."
+    )
+    error_group: str | None = Field(
+        None,
+        pattern=FINGERPRINT_PATTERN,
+        description="The error group it is in (16 hex digits: GET /error-groups).",
     )
 
     @field_validator("until")

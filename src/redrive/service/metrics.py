@@ -1,7 +1,8 @@
 """The retry service's Prometheus metrics.
 
 Each service instance has its own registry, so several can run in one process (the
-tests do). The pending gauges are read from the store when Prometheus scrapes, cached
+tests do). The pending gauges (and the error groups' surge gauges,
+:mod:`.group_metrics`) are read from the store when Prometheus scrapes, cached
 briefly so a burst of scrapes does not turn into a burst of queries; readiness is
 asked at each scrape (what /readyz answers, as a number an alert can watch).
 """
@@ -20,6 +21,8 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from redrive.clock import now_ms
+from redrive.service.group_metrics import ErrorGroupCollector
+from redrive.service.store import GroupSurge
 
 log = structlog.get_logger("redrive.metrics")
 
@@ -154,6 +157,7 @@ class ServiceMetrics:
         pending_by_destination: Callable[[], dict[str, int]],
         oldest_due_ms: Callable[[], int | None] = lambda: None,
         readiness: Callable[[], dict[str, bool]] | None = None,
+        error_group_surges: Callable[[int], list[GroupSurge]] | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
@@ -226,3 +230,5 @@ class ServiceMetrics:
         r.register(_PendingCollector(pending_by_destination, oldest_due_ms))
         if readiness is not None:
             r.register(_ReadyCollector(readiness))
+        if error_group_surges is not None:
+            r.register(ErrorGroupCollector(error_group_surges))

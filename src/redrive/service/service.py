@@ -42,7 +42,7 @@ from redrive.service.operations import Operations
 from redrive.service.replay import Replayer
 from redrive.service.replay_jobs import ReplayJobRunner
 from redrive.service.scheduler import Scheduler
-from redrive.service.store import Store, StoreUnavailable
+from redrive.service.store import GroupSurge, Store, StoreUnavailable
 from redrive.service.store_guard import StoreGuard
 from redrive.service.workers import Workers, WorkersRegistry
 from redrive.sizes import producer_size_limit
@@ -75,7 +75,10 @@ class RetryService:
         self._admin: AdminClient | None = None
         self._replay_producer: Producer | None = None
         self.metrics = ServiceMetrics(
-            self._pending_by_destination, self._oldest_due_ms, self.readiness
+            self._pending_by_destination,
+            self._oldest_due_ms,
+            self.readiness,
+            error_group_surges=self._error_group_surges,
         )
         # What /metrics shows: this process's, or all workers' added up (workers.py).
         self.exposed_metrics: CollectorRegistry = self.metrics.registry
@@ -86,6 +89,9 @@ class RetryService:
 
     def _oldest_due_ms(self) -> int | None:
         return self.store.oldest_due_ms() if self.store else None
+
+    def _error_group_surges(self, limit: int) -> list[GroupSurge]:
+        return self.store.error_group_surges(limit=limit) if self.store else []
 
     @property
     def kafka_config(self) -> dict[str, Any]:

@@ -10,6 +10,8 @@ its one door. Callers get typed methods, never a connection:
 - :mod:`.key_queues`: the retries of one key delivered one at a time, in order;
 - :mod:`.dead_letters`, :mod:`.pending`: what operators browse, delete and retry,
   found by the searches of :mod:`.searches`;
+- :mod:`.error_groups`: the dead letters grouped by failure, each group's state
+  (:mod:`.error_group_backfill` groups the letters stored before letters had groups);
 - :mod:`.stats`: the per-minute counters and the dashboard's totals;
 - :mod:`.history`: delivered retries kept for a while, and a record's steps;
 - :mod:`.audit`: the log of operator actions;
@@ -41,6 +43,8 @@ from redrive.service.store import (
     audit,
     claims,
     dead_letters,
+    error_group_backfill,
+    error_groups,
     history,
     identity,
     identity_backfill,
@@ -56,6 +60,8 @@ from redrive.service.store.pending import MadeDue
 from redrive.service.store.read_models import (
     AuditRecord,
     DeadLetter,
+    ErrorGroup,
+    GroupSurge,
     JobFailure,
     Pending,
     ReplayJob,
@@ -68,6 +74,7 @@ from redrive.service.store.searches import DeadLetterSearch, PendingSearch
 from redrive.service.store.wakeups import NOTIFY_CHANNEL
 
 __all__ = [
+    "MIGRATION_STEPS",
     "NOTIFY_CHANNEL",
     "AuditEntry",
     "AuditRecord",
@@ -76,6 +83,8 @@ __all__ = [
     "DeadLetter",
     "DeadLetterSearch",
     "DeadRow",
+    "ErrorGroup",
+    "GroupSurge",
     "JobFailure",
     "JobOverlap",
     "MadeDue",
@@ -92,6 +101,10 @@ __all__ = [
     "Stored",
     "StoredMessage",
 ]
+
+
+MIGRATION_STEPS = {**identity_backfill.AFTER, **error_group_backfill.AFTER}
+"""What migrations need done in Python, by migration number."""
 
 
 class StoreUnavailable(Exception):
@@ -150,7 +163,7 @@ class Store:
         """Open the pools, waiting for the database; then bring the schema up to date."""
         self.pool.open(wait=True, timeout=wait_s)
         with self._conn() as conn:
-            migrate(conn, after=identity_backfill.AFTER)
+            migrate(conn, after=MIGRATION_STEPS)
         self.relaxed.open(wait=True, timeout=wait_s)
 
     def close(self) -> None:
@@ -270,6 +283,44 @@ class Store:
         """The newest dead letters, every column (for checks and tools)."""
         with self._conn() as conn:
             return dead_letters.latest(conn, limit=limit)
+
+    # ------------------------------------------------------------------ error groups
+
+    def error_groups(
+        self,
+        *,
+        order: str = "count",
+        topic: str | None = None,
+        muted: bool | None = None,
+        limit: int = 50,
+    ) -> list[ErrorGroup]:
+        """Up to `limit` groups with letters, by `order`: "count" or "last_seen"."""
+        with self._conn() as conn:
+            return error_groups.listed(conn, order=order, topic=topic, muted=muted, limit=limit)
+
+    def error_group(self, error_group: str) -> ErrorGroup | None:
+        """The group with its figures, or None if it has no letter."""
+        with self._conn() as conn:
+            return error_groups.one(conn, error_group)
+
+    def error_group_exists(self, error_group: str) -> bool:
+        with self._conn() as conn:
+            return error_groups.exists(conn, error_group)
+
+    def mute_error_group(self, error_group: str, *, muted: bool, by: str) -> bool | None:
+        """Mute or unmute; the state before, or None if there is no such group."""
+        with self._conn() as conn:
+            return error_groups.mute(conn, error_group, muted=muted, by=by)
+
+    def move_to_error_group(self, letter_id: int, to: str) -> str | None:
+        """Put the letter in group `to`; the group it was in, None if no such letter."""
+        with self._conn() as conn:
+            return error_groups.move(conn, letter_id, to)
+
+    def error_group_surges(self, *, limit: int) -> list[GroupSurge]:
+        """The groups with the most letters in the last hour, against their usual."""
+        with self._conn() as conn:
+            return error_groups.surges(conn, limit=limit)
 
     # ------------------------------------------------------------------ pending retries
 

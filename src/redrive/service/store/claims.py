@@ -21,6 +21,7 @@ from redrive.clock import now_ms as clock_ms
 from redrive.headers import Header
 from redrive.reasons import DeadLetterReason
 from redrive.service.store import history, key_queues
+from redrive.service.store.error_groups import grouping_of, record_groups
 from redrive.service.store.packed_headers import unpack_headers
 from redrive.service.store.rows import id_array
 from redrive.service.store.stats import COUNT_MINUTE, per_topic
@@ -53,10 +54,10 @@ WITH moved AS (DELETE FROM redrive_pending WHERE id = %(id)s RETURNING *)
 INSERT INTO redrive_dead_letters (
     topic, msg_key, msg_value, headers, attempt, group_id, original_topic,
     original_partition, original_offset, reason_code, reason, source,
-    request_topic, request_partition, request_offset)
+    request_topic, request_partition, request_offset, fingerprint, error_group)
 SELECT destination, msg_key, msg_value, headers, attempt, group_id, original_topic,
        original_partition, original_offset, %(code)s, %(reason)s, 'scheduler',
-       request_topic, request_partition, request_offset
+       request_topic, request_partition, request_offset, %(group)s, %(group)s
 FROM moved
 ON CONFLICT DO NOTHING
 """
@@ -160,9 +161,15 @@ def to_dead_letters(conn: psycopg.Connection[Any], failures: Sequence[DeadRow]) 
             "SELECT destination, order_queue FROM redrive_pending WHERE id = ANY(%s)",
             ([i for i, _, _ in failures],),
         ).fetchall()
+        # Without an error (the broker's refusal is the reason): grouped by the reason.
+        groups = [grouping_of(None, None, None, code.value, why) for _, code, why in failures]
+        record_groups(cur, groups)
         cur.executemany(
             _PENDING_TO_DEAD,
-            [{"id": i, "code": code.value, "reason": reason} for i, code, reason in failures],
+            [
+                {"id": i, "code": code.value, "reason": reason, "group": g.fingerprint}
+                for (i, code, reason), g in zip(failures, groups, strict=True)
+            ],
         )
         for topic, count in per_topic([t[0] for t in moved]):
             cur.execute(COUNT_MINUTE, ("dead_lettered", topic, count))

@@ -9,6 +9,9 @@ Spark batch run again. Intake may always insert a batch again until it commits t
 batch's offsets. Schedulers listening on :data:`NOTIFY_CHANNEL` learn the batch's
 earliest due time when the transaction commits.
 
+Each letter's error group (:mod:`.error_groups`) is computed here, once, and stored
+with it.
+
 Invariant: a request is stored (as a pending row, a dead letter or a release) in the
 transaction that records its identity, and never when its identity was recorded
 before; an identity is kept ``repeat_window_days`` past the later of its acceptance and
@@ -24,7 +27,9 @@ from typing import Any
 import psycopg
 
 from redrive.records import DeadLetterRecord, PendingRetry, Release
+from redrive.service.fingerprints import Grouping
 from redrive.service.store import key_queues
+from redrive.service.store.error_groups import grouping_of, record_groups
 from redrive.service.store.packed_headers import pack_headers
 from redrive.service.store.rows import clean_text
 from redrive.service.store.stats import COUNT_MINUTE, per_topic
@@ -70,8 +75,9 @@ _INSERT_DEAD = """
 INSERT INTO redrive_dead_letters (
     topic, msg_key, msg_value, headers, attempt, group_id, original_topic,
     original_partition, original_offset, original_timestamp, error_type, error_message,
-    error_trace, reason_code, reason, source, request_topic, request_partition, request_offset)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+    error_trace, reason_code, reason, source, request_topic, request_partition, request_offset,
+    fingerprint, error_group)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 ON CONFLICT DO NOTHING
 RETURNING 1
 """
@@ -100,7 +106,13 @@ def _pending_params(row: PendingRetry) -> tuple[Any, ...]:
     )
 
 
-def _dead_params(row: DeadLetterRecord) -> tuple[Any, ...]:
+def _grouping(row: DeadLetterRecord) -> Grouping:
+    return grouping_of(
+        row.error_type, row.error_message, row.error_trace, row.reason_code.value, row.reason
+    )
+
+
+def _dead_params(row: DeadLetterRecord, grouping: Grouping) -> tuple[Any, ...]:
     req = row.request
     return (
         clean_text(row.topic),
@@ -122,6 +134,8 @@ def _dead_params(row: DeadLetterRecord) -> tuple[Any, ...]:
         req.topic if req else None,
         req.partition if req else None,
         req.offset if req else None,
+        grouping.fingerprint,
+        grouping.fingerprint,
     )
 
 
@@ -239,11 +253,14 @@ def _insert_dead(
     says whether it was stored before: those go to ``read_again``. The letters stored."""
     requested = [r for r in dead if r.identity is not None]
     ingested = [r for r in dead if r.identity is None]
+    groupings = {id(r): _grouping(r) for r in dead}  # each letter's group, computed once
+    record_groups(cur, groupings.values())
     if requested:
-        cur.executemany(_INSERT_DEAD, [_dead_params(r) for r in requested])
+        cur.executemany(_INSERT_DEAD, [_dead_params(r, groupings[id(r)]) for r in requested])
     if not ingested:
         return requested
-    cur.executemany(_INSERT_DEAD, [_dead_params(r) for r in ingested], returning=True)
+    rows = [_dead_params(r, groupings[id(r)]) for r in ingested]
+    cur.executemany(_INSERT_DEAD, rows, returning=True)
     for letter in ingested:
         (requested if cur.fetchone() is not None else read_again).append(letter)
         cur.nextset()

@@ -50,6 +50,10 @@ class DeadLetter(StoredMessage):
     request_partition: int | None
     request_offset: int | None
     dead_at: datetime
+    fingerprint: str | None = None
+    """Its failure's fingerprint (:mod:`redrive.service.fingerprints`), computed once."""
+    error_group: str | None = None
+    """The error group it is in: its fingerprint, unless an operator moved it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,3 +142,33 @@ class ReplayJob:
     gone: int
     cancelled: int
     failures: tuple[JobFailure, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorGroup:
+    """An error group with its letters' figures: how many, first and last seen, the
+    topics and consumer groups they came from (the first few by name), its letters in
+    each of the last 24 hours (oldest first), and whether it is muted."""
+
+    error_group: str
+    title: str
+    muted: bool
+    muted_by: str | None
+    muted_at: datetime | None
+    count: int
+    first_seen: datetime
+    last_seen: datetime
+    topics: tuple[str, ...]
+    consumer_groups: tuple[str, ...]
+    hourly: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSurge:
+    """A group's letters in the last hour against its usual hourly count (the 24
+    hours before that)."""
+
+    error_group: str
+    muted: bool
+    last_hour: int
+    usual_per_hour: float

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 class DeadLetterSearch(Protocol):
     """Which dead letters: exact topic, group, error type, source; text found in the
     error message; a reason code or text found in the reason; the dead-letter topic
-    it was ingested from; dead since / before a time."""
+    it was ingested from; dead since / before a time; its error group."""
 
     topic: str | None
     group: str | None
@@ -25,6 +25,7 @@ class DeadLetterSearch(Protocol):
     ingested_from: str | None
     since: datetime | None
     until: datetime | None
+    error_group: str | None
 
 
 class PendingSearch(Protocol):
@@ -80,6 +81,7 @@ def dead_letters_where(s: DeadLetterSearch) -> Where:
     c.given(s.ingested_from, "source LIKE 'ingest:%%' AND request_topic = %s")
     c.given(s.since, "dead_at >= %s")
     c.given(s.until, "dead_at < %s")
+    c.given(s.error_group, "error_group = %s")
     return c.where()
 
 

@@ -112,6 +112,8 @@ def dead_letter_detail(row: DeadLetter) -> dict[str, Any]:
         "value": render_bytes(row.msg_value),
         "headers": render_headers(row.headers),
         "error_trace": row.error_trace,
+        "error_group": row.error_group,
+        "fingerprint": row.fingerprint,
         "source": row.source,
         "original": {**_original(row), "timestamp": row.original_timestamp},
         "request": {
