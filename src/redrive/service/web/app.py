@@ -28,7 +28,7 @@ from redrive.service.filters import FilterError
 from redrive.service.operations import Operations
 from redrive.service.refusals import ActionRefused, Conflict, Invalid, NotAcknowledged, NotFound
 from redrive.service.replay import Replayer
-from redrive.service.web import api, forms, pages, probes
+from redrive.service.web import api, forms, pages, probes, replay_api
 from redrive.service.web.deps import Collaborators
 from redrive.service.web.limits import BodyLimit
 from redrive.service.web.openapi import openapi_document
@@ -117,6 +117,7 @@ def create_app(service: Service) -> FastAPI:
 
     app.include_router(probes.router)
     app.include_router(api.router)
+    app.include_router(replay_api.router)
     app.include_router(pages.router)
     app.include_router(forms.router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
