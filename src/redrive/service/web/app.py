@@ -28,7 +28,14 @@ from redrive.service.filters import FilterError
 from redrive.service.operations import Operations
 from redrive.service.refusals import ActionRefused, Conflict, Invalid, NotAcknowledged, NotFound
 from redrive.service.replay import Replayer
-from redrive.service.web import api, forms, pages, probes, replay_api
+from redrive.service.web import (
+    api,
+    forms,
+    pages,
+    probes,
+    replay_api,
+    replay_forms,  # noqa: F401  (adds its form actions to forms.router)
+)
 from redrive.service.web.deps import Collaborators
 from redrive.service.web.limits import BodyLimit
 from redrive.service.web.openapi import openapi_document
