@@ -321,6 +321,9 @@ def test_the_safe_replay_endpoints_refuse_what_they_should(env: Env) -> None:
     naive = {"ids": [letter["id"]], "start_at": "2030-01-01T02:00:00"}
     refused = env.api.post("/api/v1/dead-letters/replay", headers=env.auth, json=naive)
     assert refused.status_code == 422 and "start_at" in refused.json()["detail"]
+    far = {"ids": [letter["id"]], "start_at": "2999-01-01T02:00:00Z"}  # a typo in the year
+    refused = env.api.post("/api/v1/dead-letters/replay", headers=env.auth, json=far)
+    assert refused.status_code == 422 and "days from now" in refused.json()["detail"]
     never = env.api.get(f"/api/v1/dead-letters/{letter['id']}/rounds")
     assert never.status_code == 200 and never.json()["rounds"] == []
     done = env.api.post(

@@ -12,6 +12,7 @@ import base64
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import (
@@ -20,6 +21,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StrictBool,
+    field_validator,
     model_validator,
 )
 
@@ -157,6 +159,10 @@ class Selection(BaseModel):
         return self
 
 
+MAX_SCHEDULE_DAYS = 366
+"""How far ahead a replay job may be scheduled."""
+
+
 class ReplayMany(Selection):
     destination: Destination | None = Field(None, max_length=MAX_TOPIC_LENGTH)
     keep: StrictBool = False
@@ -165,8 +171,25 @@ class ReplayMany(Selection):
     start_at: AwareDatetime | None = Field(
         None,
         description="Start the job at this time (ISO 8601 with its offset); until then it "
-        "is scheduled, and may be cancelled. Absent or past: at once.",
+        f"is scheduled, and may be cancelled. Absent or past: at once. At most "
+        f"{MAX_SCHEDULE_DAYS} days ahead.",
     )
+
+    @field_validator("start_at")
+    @classmethod
+    def _within_reach(cls, value: datetime | None) -> datetime | None:
+        """In UTC, and a time a job may wait for: not before 1970, nor years ahead
+        (a typo in the year would keep letters in a job for ever)."""
+        if value is None:
+            return None
+        try:
+            at = value.astimezone(UTC)
+        except OverflowError:
+            raise ValueError("out of range") from None
+        latest = datetime.now(UTC) + timedelta(days=MAX_SCHEDULE_DAYS)
+        if not datetime(1970, 1, 1, tzinfo=UTC) <= at <= latest:
+            raise ValueError(f"must be between 1970 and {MAX_SCHEDULE_DAYS} days from now")
+        return at
 
 
 @dataclass(frozen=True, slots=True)
