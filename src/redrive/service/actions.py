@@ -16,12 +16,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import (
-    AwareDatetime,
     BaseModel,
     ConfigDict,
     Field,
     StrictBool,
-    field_validator,
     model_validator,
 )
 
@@ -31,6 +29,7 @@ from redrive.service.auth import Principal
 from redrive.service.filters import (
     Base64Text,
     DeadLetterFilter,
+    FilterTime,
     RowId,
     StorableText,
     UnicodeText,
@@ -168,28 +167,27 @@ class ReplayMany(Selection):
     keep: StrictBool = False
     # At least one a second: slower, a job of the largest selection would run for days.
     rate: float | None = Field(None, ge=1, le=100_000, description="Messages per second.")
-    start_at: AwareDatetime | None = Field(
+    start_at: FilterTime | None = Field(
         None,
-        description="Start the job at this time (ISO 8601 with its offset); until then it "
-        f"is scheduled, and may be cancelled. Absent or past: at once. At most "
-        f"{MAX_SCHEDULE_DAYS} days ahead.",
+        description="Start the job at this time (ISO 8601; without an offset: UTC); until "
+        "then it is scheduled, and may be cancelled. Absent or past: at once. Not before "
+        f"1970 nor more than {MAX_SCHEDULE_DAYS} days ahead (400).",
     )
 
-    @field_validator("start_at")
-    @classmethod
-    def _within_reach(cls, value: datetime | None) -> datetime | None:
-        """In UTC, and a time a job may wait for: not before 1970, nor years ahead
-        (a typo in the year would keep letters in a job for ever)."""
-        if value is None:
-            return None
-        try:
-            at = value.astimezone(UTC)
-        except OverflowError:
-            raise ValueError("out of range") from None
-        latest = datetime.now(UTC) + timedelta(days=MAX_SCHEDULE_DAYS)
-        if not datetime(1970, 1, 1, tzinfo=UTC) <= at <= latest:
-            raise ValueError(f"must be between 1970 and {MAX_SCHEDULE_DAYS} days from now")
-        return at
+
+def _schedule_time(at: datetime | None) -> datetime | None:
+    """A job's start time in UTC, if one it may wait for: not before 1970, nor years
+    ahead (a typo in the year would hold its letters for ever); Invalid otherwise."""
+    if at is None:
+        return None
+    try:
+        utc = at.astimezone(UTC)
+    except OverflowError:
+        utc = None
+    latest = datetime.now(UTC) + timedelta(days=MAX_SCHEDULE_DAYS)
+    if utc is None or not datetime(1970, 1, 1, tzinfo=UTC) <= utc <= latest:
+        raise Invalid(f"start_at must be between 1970 and {MAX_SCHEDULE_DAYS} days from now")
+    return utc
 
 
 @dataclass(frozen=True, slots=True)
@@ -336,6 +334,7 @@ class OperatorActions:
         """Start a replay job (:mod:`redrive.service.replay_jobs`) over the selection,
         after checking every destination; it runs in the background."""
         ops = self._ops
+        start_at = _schedule_time(body.start_at)
         rows, remaining = self._select(body)
         if not rows:
             raise Invalid("nothing to replay: no dead letter matches")
@@ -351,7 +350,7 @@ class OperatorActions:
         try:
             job_id = self._store.replay_jobs.create(
                 skipped=skipped,
-                start_at=body.start_at,
+                start_at=start_at,
                 actor=who.name,
                 role=who.role,
                 destination=body.destination,

@@ -45,7 +45,9 @@ def dry_run_many(who: Operator, actions: Actions, body: ReplayMany) -> dict[str,
     return preview_view(actions.dry_run_many(who, body))
 
 
-@router.get("/dead-letters/{letter_id:int}/rounds", openapi_extra=READ)
+@router.get(
+    "/dead-letters/{letter_id:int}/rounds", responses=error_responses(404), openapi_extra=READ
+)
 def rounds(who: Reader, store: StoreDep, letter_id: LetterId) -> dict[str, Any]:
     """The rounds of the letter's line, first first: each replay (when, by whom, where
     to) and the dead letter it came back as, when, with which error. Empty for a letter
