@@ -8,7 +8,8 @@ a real replay would take (the same selection, capped the same way):
 - a sample of the first five: id, key, destination, partition and the headers it
   would carry;
 - which of the letters' headers would be stripped (the redrive ones, and those an
-  edit replaces), with how many letters carry each;
+  edit replaces), with how many letters carry each (the loop guard's two are not
+  stripped but written anew: the sample shows their new values);
 - the letters that would be refused (destination not allowed, topic missing) and
   those a job would skip (quarantined by the loop guard, :mod:`.replay_guard`), and
   why; and a conflict with a job that still has some of them to send.
@@ -24,7 +25,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from redrive.headers import Header
+from redrive.headers import REPLAY_OF, REPLAYS, Header
 from redrive.service.replay import Edit, ReplayRefused, Target, replayed_message
 from redrive.service.store import DeadLetter
 
@@ -71,9 +72,14 @@ class Preview:
 
 
 def _stripped(letter: DeadLetter, sent: list[Header]) -> Iterable[str]:
-    """The letter's headers that its copy would not carry as they are."""
+    """The letter's headers that its copy would not carry as they are (but the loop
+    guard's own, which a replay writes anew rather than strips)."""
     kept = set(sent)
-    return (name for name, value in letter.headers if (name, value) not in kept)
+    return (
+        name
+        for name, value in letter.headers
+        if (name, value) not in kept and name not in (REPLAYS, REPLAY_OF)
+    )
 
 
 def preview(
