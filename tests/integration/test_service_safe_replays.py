@@ -217,6 +217,11 @@ def test_a_letter_that_comes_back_three_times_is_quarantined_and_jobs_skip_it(
     assert all(r["replayed_at"] <= r["came_back_at"] for r in rounds)
     stories = env.api.get("/api/v1/records", params={"key": "o-1"}).json()["records"]
     assert [s["rounds"] for s in stories if s["state"] == "dead"] == [rounds]
+    # The pages tell the same: the letter's, and its record's story.
+    for page in (f"/dead-letters/{quarantined}", "/records?key=o-1"):
+        html = env.api.get(page).text
+        assert "Replay rounds" in html and f'href="/dead-letters/{ids[1]}"' in html, page
+    assert "Came back dead after 3 replays" in env.api.get(f"/dead-letters/{quarantined}").text
     # A replay of its own is refused without the override...
     refused = env.api.post(f"/api/v1/dead-letters/{quarantined}/replay", headers=env.auth)
     assert refused.status_code == 409 and "quarantined" in refused.json()["detail"]
