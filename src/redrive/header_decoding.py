@@ -42,6 +42,8 @@ from redrive.header_fields import (
     PARTITION,
     REASON,
     REASON_CODE,
+    REPLAY_OF,
+    REPLAYS,
     REQUIRED_HEADERS,
     RETRY_AT,
     SEND_TO,
@@ -190,6 +192,8 @@ _FAST_RULES: Final[dict[str, _Rule]] = {
     # An attempt of 0 (a record behind its key's head) takes the careful path.
     ORDER: _rule(ORDER, _ORDER),
     REASON_CODE: _rule(REASON_CODE, _GIVE_UP),
+    REPLAYS: _rule(REPLAYS, _INT, 0, MAX_INT32),
+    REPLAY_OF: _rule(REPLAY_OF, _INT, 0, MAX_INT64),
 }
 _TOPIC_BYTES: Final = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-"
 """The characters of header_fields._TOPIC_RE: bytes made only of them strip to nothing."""
@@ -310,3 +314,25 @@ def read_delivery_headers(headers: Iterable[Header] | None) -> RetryHeaders | No
             if field_name is None or error.header in REQUIRED_HEADERS:
                 return None
             values.pop(field_name, None)
+
+
+def read_replay(headers: Iterable[Header] | None) -> tuple[int, int] | None:
+    """Leniently read ``(redrive-replays, redrive-replay-of)`` off a record: what a
+    replayed dead letter carries even when no other redrive header is there (its first
+    delivery after the replay). None unless both are there and valid; never raises."""
+    found: dict[str, int] = {}
+    try:
+        pairs = _as_pairs(headers)
+    except HeaderError:
+        return None
+    for _, name, value in pairs:
+        if name not in (REPLAYS, REPLAY_OF):
+            continue
+        if not isinstance(value, bytes) or not value.isdigit() or len(value) > 19:
+            found.pop(name, None)
+            continue
+        found[name] = int(value)
+    replays, replay_of = found.get(REPLAYS), found.get(REPLAY_OF)
+    if replays is None or replay_of is None or replays > MAX_INT32 or replay_of > MAX_INT64:
+        return None
+    return replays, replay_of

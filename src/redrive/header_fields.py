@@ -48,6 +48,8 @@ REASON: Final = "redrive-reason"
 REASON_CODE: Final = "redrive-reason-code"
 ID: Final = "redrive-id"
 ORDER: Final = "redrive-order"
+REPLAYS: Final = "redrive-replays"
+REPLAY_OF: Final = "redrive-replay-of"
 DEAD_LETTER_REASON: Final = "redrive-dead-letter-reason"
 """Not part of a request: added to a dead letter published to a DLQ topic (by the
 retry service's ``mirror_dead_letters`` and the Spark scheduler), saying why it is
@@ -72,6 +74,8 @@ FIELD_OF: Final[dict[str, str]] = {
     REASON_CODE: "reason_code",
     ID: "id",
     ORDER: "order",
+    REPLAYS: "replays",
+    REPLAY_OF: "replay_of",
 }
 """Header name -> :class:`RetryHeaders` field, in the order ``encode()`` writes them."""
 
@@ -114,6 +118,8 @@ INT_HEADERS: Final[frozenset[str]] = frozenset(
         ORIGINAL_PARTITION,
         ORIGINAL_OFFSET,
         ORIGINAL_TIMESTAMP,
+        REPLAYS,
+        REPLAY_OF,
     }
 )
 """The headers whose values are decimal integers."""
@@ -247,6 +253,13 @@ class FailureHistory:
     """Message of the latest failure, at most :data:`MAX_ERROR_MESSAGE_BYTES` in a request."""
     error_trace: str | None = None
     """Stack trace of the latest failure, at most :data:`MAX_ERROR_TRACE_BYTES` in a request."""
+    replays: int | None = None
+    """How many times the message was replayed from the retry service's dead letters
+    (1 for a replay of a letter that had never been replayed); None: never replayed.
+    Carried through retries into its next dead letter, so that the service counts
+    the rounds (its loop guard)."""
+    replay_of: int | None = None
+    """The id of the dead letter the message was last replayed from (with ``replays``)."""
 
     def failure_history(self) -> dict[str, Any]:
         """These fields alone, as keyword arguments (for a dead letter made of a
@@ -323,6 +336,8 @@ class RetryHeaders(FailureHistory):
             (ORIGINAL_PARTITION, self.original_partition, MAX_INT32),
             (ORIGINAL_OFFSET, self.original_offset, MAX_INT64),
             (ORIGINAL_TIMESTAMP, self.original_timestamp, MAX_INT64),
+            (REPLAYS, self.replays, MAX_INT32),
+            (REPLAY_OF, self.replay_of, MAX_INT64),
         ):
             if value is not None:
                 _check_int(header, value, 0, maximum)

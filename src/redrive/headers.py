@@ -32,6 +32,7 @@ from typing import NamedTuple
 
 from redrive.header_decoding import decode as decode
 from redrive.header_decoding import read_delivery_headers as read_delivery_headers
+from redrive.header_decoding import read_replay as read_replay
 from redrive.header_fields import ALL_HEADERS as ALL_HEADERS
 from redrive.header_fields import ATTEMPT as ATTEMPT
 from redrive.header_fields import DEAD_LETTER_REASON as DEAD_LETTER_REASON
@@ -61,6 +62,8 @@ from redrive.header_fields import PARTITION as PARTITION
 from redrive.header_fields import REASON as REASON
 from redrive.header_fields import REASON_CODE as REASON_CODE
 from redrive.header_fields import REDRIVE_PREFIX as REDRIVE_PREFIX
+from redrive.header_fields import REPLAY_OF as REPLAY_OF
+from redrive.header_fields import REPLAYS as REPLAYS
 from redrive.header_fields import REQUIRED_HEADERS as REQUIRED_HEADERS
 from redrive.header_fields import RETRY_AT as RETRY_AT
 from redrive.header_fields import SEND_TO as SEND_TO
@@ -236,6 +239,7 @@ def next_request(
     attempt: int | None = None,
     reason: str | None = None,
     reason_code: GiveUp | None = None,
+    replay: tuple[int, int] | None = None,
 ) -> RetryHeaders:
     """The retry request a consumer writes after its handler failed on a message.
 
@@ -247,7 +251,10 @@ def next_request(
     previous request's. ``partition`` is the destination partition (None: by key).
     ``attempt`` overrides the count when the caller knows better (a record retried in
     place carries no previous request); ``reason`` says why a dead letter gave up,
-    ``reason_code`` the same for machines.
+    ``reason_code`` the same for machines. The replay the message came from
+    (``redrive-replays``, ``redrive-replay-of``) is copied from ``previous``, else taken
+    from ``replay`` (what :func:`read_replay` found on a replayed record's first
+    failure), so that its dead letter still says which letter it came back from.
     """
     if isinstance(error, BaseException):
         info = describe_error(error)
@@ -255,6 +262,8 @@ def next_request(
         error_type, message, trace = error
         info = ErrorInfo(cap_text(error_type, MAX_VALUE_BYTES), message, trace)
     origin = (record_topic, record_partition, record_offset, record_timestamp)
+    if previous is not None and previous.replays is not None and previous.replay_of is not None:
+        replay = (previous.replays, previous.replay_of)
     if previous is not None and any(v is not None for v in _origin_of(previous)):
         origin = _origin_of(previous)
     return RetryHeaders(
@@ -274,4 +283,6 @@ def next_request(
         error_trace=info.trace,
         reason=reason,
         reason_code=reason_code,
+        replays=None if replay is None else replay[0],
+        replay_of=None if replay is None else replay[1],
     )

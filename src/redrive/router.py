@@ -23,8 +23,10 @@ The path of one failure (:meth:`Router.route`):
 3. A dead letter gets the same headers with ``redrive-send-to: dlq`` and
    ``redrive-reason``, and the ``redrive-id`` of its failure (the one a retry of it
    would have), so that its receiver stores a repeated hand-off once; a replay of it
-   carries no redrive headers and is a new record. Should even those be invalid, the
-   letter keeps what it can and says why: a dead letter is never dropped.
+   is a new record, carrying only how many times it was replayed and from which
+   letter (``record.replay``), which its requests and its next dead letter keep.
+   Should even those be invalid, the letter keeps what it can and says why: a dead
+   letter is never dropped.
 
 A record that cannot reach its handler at all (headers unreadable, a value that does
 not deserialize, redrive's own failure on it) is rejected without the policy:
@@ -115,6 +117,10 @@ class FailedRecord(SourceRecord):
     first delivery to this group)."""
     attempt: int
     """The attempt that failed: 1 on a first delivery, n + 1 after n failures."""
+    replay: tuple[int, int] | None = None
+    """``(redrive-replays, redrive-replay-of)`` of a record replayed from the retry
+    service's dead letters (:func:`redrive.headers.read_replay`), kept in its requests
+    and its dead letter (the service's loop guard counts the rounds); None: not one."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +238,7 @@ class Router:
                 group=self.group,
                 partition=retry_to.destination_partition,
                 attempt=decision.attempt,
+                replay=record.replay,
             )
             request = dataclasses.replace(request, id=self._failure_id(record, request.attempt))
         except HeaderError as header_error:
@@ -285,6 +292,7 @@ class Router:
                 reason=dead.text,
                 reason_code=given_up(dead.reason),
                 attempt=dead.attempt,
+                replay=record.replay,
             )
             headers = dataclasses.replace(headers, id=self._failure_id(record, headers.attempt))
         except HeaderError as header_error:  # not expected: keep the letter, say why

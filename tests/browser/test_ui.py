@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +136,8 @@ def _seed(ui_topics: tuple[str, str, str], requests_topic: str, bootstrap: str) 
         _dead(orders, "shop.OutOfStock", b"order-9", b'{"order": 9}'),
         _dead(orders, "shop.Fraud", b"order-10", b'{"order": 10}'),
         _dead(orders, "shop.NoScript", b"order-11", b'{"order": 11}'),
+        # Came back dead from its third replay: the loop guard quarantines it.
+        _dead(orders, "shop.Looping", b"order-12", b'{"order": 12}', replays=3, replay_of=41),
         *[
             _dead(orders, "shop.Timeout", f"order-t{i}".encode(), b'{"slow": true}', offset=i)
             for i in range(3)
@@ -416,7 +419,12 @@ def test_search_open_and_replay(ui: Ui, page: Page) -> None:
 
         got = delivered(collector, b"order-7")
         assert got.value == letter.msg_value
-        assert got.headers == [("trace-id", b"trace-7"), ("tenant", b"acme")]
+        assert got.headers == [
+            ("trace-id", b"trace-7"),
+            ("tenant", b"acme"),
+            ("redrive-replays", b"1"),
+            ("redrive-replay-of", str(letter.id).encode()),
+        ]
     finally:
         collector.close()
     assert ui.store.dead_letter_by_id(letter.id) is None
@@ -450,7 +458,11 @@ def test_edit_then_replay_and_refused_destination(ui: Ui, page: Page) -> None:
         expect(page.locator(".flash-ok")).to_contain_text(f"Replayed dead letter {letter.id}")
         got = delivered(collector, b"order-8")
         assert got.value == b'{"order": 8,\n "price": 12}'
-        assert got.headers == [("trace-id", b"t-order-8")]
+        assert got.headers == [
+            ("trace-id", b"t-order-8"),
+            ("redrive-replays", b"1"),
+            ("redrive-replay-of", str(letter.id).encode()),
+        ]
     finally:
         collector.close()
     assert audited(ui, "edit-and-replay", letter.id).actor == "ui-operator"
@@ -1095,3 +1107,59 @@ def test_error_groups_pages(ui: Ui, page: Page, output_dir: Path) -> None:
     expect(page.locator(f'a[href="/error-groups/{declined_group}"]')).to_have_count(1)
     for name in ("error-groups", "error-group"):
         assert (shots / f"{name}.png").stat().st_size > 10_000
+
+
+def test_a_quarantined_letter_is_flagged_previewed_and_replayed_by_override(
+    ui: Ui, page: Page, output_dir: Path
+) -> None:
+    letter = ui.letter("shop.Looping")
+    sign_in(page, ui.operator)
+    page.goto("/dead-letters?error_type=shop.Looping")
+    expect(page.locator(f'tr[data-id="{letter.id}"] [data-quarantined]')).to_have_text(
+        "quarantined"
+    )
+    page.goto(f"/dead-letters/{letter.id}")
+    expect(page.locator(".quarantine-card")).to_contain_text("Came back dead after 3 replays")
+    shots = output_dir / "screenshots"
+    shots.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=shots / "dead-letter-quarantined.png", full_page=True)
+    # A preview changes nothing, and without the override it would skip the letter.
+    page.get_by_role("button", name="Preview", exact=True).click()
+    expect(page.locator("[data-preview-summary]")).to_contain_text("Would send 0 of 1")
+    expect(page.locator("[data-preview-skipped]")).to_contain_text("quarantined")
+    page.go_back()
+    page.locator("[data-override-quarantine]").check()
+    page.get_by_role("button", name="Preview", exact=True).click()
+    expect(page.locator("[data-preview-summary]")).to_contain_text("Would send 1 of 1")
+    expect(page.locator("body")).to_contain_text("redrive-replays: 4")
+    page.screenshot(path=shots / "replay-preview.png", full_page=True)
+    assert ui.store.dead_letter_by_id(letter.id) is not None
+
+    page.go_back()
+    page.locator("[data-override-quarantine]").check()
+    page.get_by_role("button", name="Replay", exact=True).click()
+    confirm(page, "Replay")
+    expect(page.locator(".flash-ok")).to_contain_text(f"Replayed dead letter {letter.id}")
+    entry = audited(ui, "replay", letter.id)
+    assert entry.detail is not None and entry.detail["override_quarantine"] is True
+    assert audited(ui, "replay-dry-run", letter.id).actor == "ui-operator"
+
+
+def test_a_bulk_replay_preview_and_a_scheduled_job(ui: Ui, page: Page) -> None:
+    sign_in(page, ui.operator)
+    page.goto("/dead-letters?error_type=json.decoder.JSONDecodeError")
+    page.get_by_role("button", name="Preview replay of all 4").click()
+    expect(page.locator("[data-preview-summary]")).to_contain_text("Would send 4 of 4")
+    expect(page.locator("[data-preview] table tbody tr")).to_have_count(1)
+    expect(page.locator("table tbody tr td.mono", has_text="redrive-error-type")).to_have_count(1)
+    page.go_back()
+    tomorrow = (datetime.now(UTC) + timedelta(days=1)).replace(microsecond=0, tzinfo=None)
+    page.locator("[data-start-at]").fill(tomorrow.isoformat())
+    page.get_by_role("button", name="Replay all 4").click()
+    confirm(page, "Replay all 4")
+    expect(page.locator(".flash-ok")).to_contain_text("scheduled")
+    expect(page.locator("[data-job-state]")).to_have_text("scheduled")
+    expect(page.locator("[data-start-at]")).to_contain_text(f"{tomorrow:%Y-%m-%d %H:%M:%S}")
+    page.get_by_role("button", name="Cancel job…").click()
+    confirm(page, "Cancel job")
+    expect(page.locator(".flash-ok")).to_contain_text("cancelled")

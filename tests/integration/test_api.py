@@ -134,8 +134,13 @@ def test_replay_one_edit_and_replay_and_the_audit_log(env: Env) -> None:
     got = collector.poll_until(1, 20)
     collector.close()
     assert got[0].key == b"k2" and got[0].value == b'{"n": 2}'
-    # A replay starts fresh: the user's headers, no redrive headers.
-    assert got[0].headers == [("trace-id", b"abc")]
+    # A replay starts fresh: the user's headers, and of the redrive headers only its
+    # round and the letter it is replayed from (the loop guard's).
+    assert got[0].headers == [
+        ("trace-id", b"abc"),
+        ("redrive-replays", b"1"),
+        ("redrive-replay-of", str(first).encode()),
+    ]
     other = Collector(env.bootstrap, env.other)
     got_other = other.poll_until(1, 20)
     other.close()

@@ -156,7 +156,10 @@ def test_a_job_of_5000_survives_a_sigkill_and_sends_each_letter_once(
         assert sorted(copies) == sorted(f"v-{i:05d}".encode() for i in range(LETTERS))
         assert max(copies.values()) == 1, [v for v, n in copies.items() if n > 1][:5]
         sample = next(d for d in received if d.value == b"v-00042")
-        assert sample.key == b"k42" and sample.headers == [("trace-id", b"t42")]
+        assert sample.key == b"k42" and sample.headers[0] == ("trace-id", b"t42")
+        # Of the redrive headers, only the loop guard's: its round, its letter.
+        assert [name for name, _ in sample.headers[1:]] == ["redrive-replays", "redrive-replay-of"]
+        assert sample.header("redrive-replays") == b"1"
 
         # The job writes what it sent to the audit log just after its state reads done.
         wait_until(lambda: "replay" in audit_actions(api), 30, "the job's replay in the audit log")

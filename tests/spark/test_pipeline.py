@@ -356,6 +356,27 @@ def test_record_routing_without_spark() -> None:
         RecordHandler(interrupted, policy("1s x3"), destinations)(record)
 
 
+def test_a_replayed_record_keeps_its_round_into_its_request_and_dead_letter() -> None:
+    """A record the retry service replayed carries its round (the loop guard's): the
+    pipeline writes it into its retry request, and into its dead letter (without Spark)."""
+
+    def failing(
+        key: bytes | None, value: bytes | None, headers: list[Header], attempt: int
+    ) -> bytes:
+        raise ValueError("still broken")
+
+    destinations = Destinations(output_topic="out", group="billing", requests_topic="requests")
+    replayed = [("trace", b"t1"), ("redrive-replays", b"2"), ("redrive-replay-of", b"41")]
+    record = SourceRecord("orders", 1, 42, 999_000, b"k", b"v", replayed)
+    for rules in (policy("1s x3"), policy("1s x3", fatal_on=ValueError)):
+        out = RecordHandler(failing, rules, destinations, clock=lambda: 1_000_000)(record)
+        assert out is not None
+        headers = dict(out.headers)
+        assert (headers["redrive-replays"], headers["redrive-replay-of"]) == (b"2", b"41")
+        # The user's headers travel; the round is written once, as a contract header.
+        assert [n for n, _ in out.headers].count("redrive-replays") == 1
+
+
 def test_the_pipeline_takes_the_apps_policy_options_by_the_same_names() -> None:
     """with_retries's options are the App handlers' (the policy's options, and
     ``per_group_topic``): checked where the executors' handler is made, without Spark."""

@@ -24,6 +24,7 @@ from redrive.headers import (
     next_request,
     qualified_name,
     read_delivery_headers,
+    read_replay,
     request_id,
 )
 
@@ -338,3 +339,22 @@ def test_an_unknown_order_is_refused_and_named() -> None:
     )
     assert delivery is not None
     assert (delivery.order, delivery.attempt) == (None, 1)
+
+
+def test_a_replayed_records_round_is_carried_into_its_requests_and_dead_letter() -> None:
+    replayed = [("trace-id", b"t"), ("redrive-replays", b"2"), ("redrive-replay-of", b"41")]
+    assert read_replay(replayed) == (2, 41)
+    assert read_replay([("redrive-replays", b"2")]) is None  # both or neither
+    assert read_replay([("redrive-replays", b"x"), ("redrive-replay-of", b"1")]) is None
+    first = next_request(
+        read_delivery_headers(replayed),  # None: a replay is a first delivery
+        destination="orders",
+        retry_at=5,
+        error=("E", "m", "t"),
+        replay=read_replay(replayed),
+    )
+    assert (first.replays, first.replay_of) == (2, 41)
+    # Redelivered, the request's own round is copied along, as the original-* are.
+    delivered = decode(encode(first))[0]
+    again = next_request(delivered, destination="orders", retry_at=6, error=("E", "m", "t"))
+    assert (again.attempt, again.replays, again.replay_of) == (2, 2, 41)

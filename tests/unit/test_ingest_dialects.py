@@ -188,3 +188,12 @@ def test_a_share_group_letter_that_names_no_place_cannot_ask_for_its_record() ->
 def test_a_connect_letter_takes_the_records_time() -> None:
     letter = read([("__connect.errors.topic", b"orders"), ("__connect.errors.offset", b"3")]).letter
     assert letter.original_timestamp == STAMP
+
+
+def test_a_replayed_letter_that_comes_back_through_spring_names_its_round() -> None:
+    """Spring's dead-letter publisher keeps a record's headers: a copy the retry service
+    replayed keeps its round (the loop guard's) into Spring's letter."""
+    replayed: list[Header] = [("redrive-replays", b"2"), ("redrive-replay-of", b"41")]
+    letter = read([*USER, *replayed, *retry_topic_hop(b"orders", 7, b"boom", 3)]).letter
+    assert (letter.replays, letter.replay_of) == (2, 41)
+    assert read(USER).letter.replays is None

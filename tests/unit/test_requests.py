@@ -60,6 +60,20 @@ def test_a_valid_request_becomes_a_pending_retry_keeping_everything() -> None:
     )
 
 
+def test_a_replayed_records_round_is_kept_by_its_retry_and_its_dead_letter() -> None:
+    """The service and the Spark scheduler (both classify) keep the loop guard's
+    headers: a retry is delivered with them, a dead letter names its round."""
+    request = RetryHeaders(destination="orders", retry_at=NOW, replays=2, replay_of=41)
+    retry = classify(incoming(encode(request)), RULES, NOW)
+    assert isinstance(retry, PendingRetry)
+    assert ("redrive-replays", b"2") in retry.headers
+    assert ("redrive-replay-of", b"41") in retry.headers
+    dead = RetryHeaders(destination="orders", retry_at=NOW, send_to="dlq", replays=2, replay_of=41)
+    letter = classify(incoming(encode(dead)), RULES, NOW)
+    assert isinstance(letter, DeadLetterRecord)
+    assert (letter.replays, letter.replay_of) == (2, 41)
+
+
 @pytest.mark.parametrize(
     ("fields", "value", "code", "text"),
     [

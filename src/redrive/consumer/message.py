@@ -34,6 +34,10 @@ class Message:
     delivery_count: int | None = None
     """On a share group (:mod:`redrive.consumer.share`): how many times the broker has
     delivered this copy of the record (1 the first time); None on a consumer group."""
+    replay: tuple[int, int] | None = None
+    """``(replays, replayed from)`` of a record replayed from the retry service's dead
+    letters: how many times it has been replayed, and the id of the dead letter it was
+    replayed from (``redrive-replays``, ``redrive-replay-of``); None: not a replay."""
 
     @property
     def original_topic(self) -> str:

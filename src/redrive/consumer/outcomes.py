@@ -140,6 +140,7 @@ class Outcomes:
             message.headers,
             message.retry,
             message.attempt,
+            message.replay,
         )
         outcome = route.router.route(
             failure,

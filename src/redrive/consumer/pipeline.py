@@ -42,7 +42,7 @@ from redrive.consumer.routes import Kind, Route
 from redrive.consumer.steps import DealtWith, Steps
 from redrive.consumer.strategies import Wait
 from redrive.consumer.strategies.pause import Breakers
-from redrive.headers import Header, RetryHeaders, is_redrive_header
+from redrive.headers import Header, RetryHeaders, is_redrive_header, read_replay
 from redrive.kafka import message_time, read_headers
 from redrive.router import FailedRecord, read_delivery
 
@@ -136,14 +136,17 @@ class Pipeline:
         None when it is dealt with already (unreadable headers, a repeat, a value that
         does not deserialize: a dead letter), or a Wait (a tier record not due yet)."""
         headers, unreadable = read_headers(record)
-        delivery = None
+        delivery = replay = None
         user_headers = headers
         if headers and any(is_redrive_header(name) for name, _ in headers):
             delivery = read_delivery(headers, self.group)
+            replay = read_replay(headers)
             user_headers = [(k, v) for k, v in headers if not is_redrive_header(k)]
         if unreadable is not None:
             attempt = delivery.attempt + 1 if delivery else 1
-            failure = _failure(record, topic, partition, offset, user_headers, delivery, attempt)
+            failure = _failure(
+                record, topic, partition, offset, user_headers, delivery, attempt, replay
+            )
             error = UnreadableHeadersError(unreadable)
             self.outcomes.reject(steps, failure, error, unreadable)
             return None
@@ -173,7 +176,7 @@ class Pipeline:
             problem = DeserializationError(f"cannot deserialize: {shown}")
             problem.__cause__ = exc
             failure = _failure(
-                record, topic, partition, offset, user_headers, delivery, failures + 1
+                record, topic, partition, offset, user_headers, delivery, failures + 1, replay
             )
             self.outcomes.reject(steps, failure, problem, f"value cannot be deserialized ({shown})")
             return None
@@ -189,6 +192,7 @@ class Pipeline:
             stamp if stamp_type and stamp >= 0 else None,
             failures + 1,
             delivery,
+            replay=replay,
         )
 
     def _skip_repeat(
@@ -247,6 +251,7 @@ def _failure(
     headers: list[Header],
     delivery: RetryHeaders | None,
     attempt: int,
+    replay: tuple[int, int] | None = None,
 ) -> FailedRecord:
     """A record that did not reach its handler, as the router takes it."""
     return FailedRecord(
@@ -259,4 +264,5 @@ def _failure(
         headers,
         delivery,
         attempt,
+        replay,
     )

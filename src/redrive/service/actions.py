@@ -12,6 +12,7 @@ import base64
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import (
@@ -28,6 +29,7 @@ from redrive.service.auth import Principal
 from redrive.service.filters import (
     Base64Text,
     DeadLetterFilter,
+    FilterTime,
     RowId,
     StorableText,
     UnicodeText,
@@ -35,6 +37,8 @@ from redrive.service.filters import (
 from redrive.service.operations import Operations
 from redrive.service.refusals import Conflict, Invalid, NotAcknowledged, NotFound
 from redrive.service.replay import Edit, Replayer, ReplayRefused
+from redrive.service.replay_guard import quarantine_reason
+from redrive.service.replay_preview import Preview, preview
 from redrive.service.store import DeadLetter, JobOverlap, ReplayJob, Store
 
 # ------------------------------------------------------------------ request bodies (API and UI)
@@ -106,6 +110,22 @@ class ReplayOne(BaseModel):
     # Flags are strict (JSON true or false): pydantic would also take 0, 1, "yes" and
     # "off", which the document does not offer.
     keep: StrictBool = Field(False, description="Keep the dead letter after replaying it.")
+    override_quarantine: StrictBool = Field(
+        False,
+        description="Replay it although the loop guard quarantined it (it came back dead "
+        "after quarantine_after_replays replays); recorded in the audit log.",
+    )
+
+    def edit(self) -> Edit | None:
+        """What the body changes before the replay (None: nothing)."""
+        if self.value is None and self.headers is None:
+            return None
+        return Edit(
+            value=self.value.to_bytes() if self.value is not None else None,
+            headers=None
+            if self.headers is None
+            else [(h.name, None if h.value is None else h.value.to_bytes()) for h in self.headers],
+        )
 
 
 class Selection(BaseModel):
@@ -138,11 +158,36 @@ class Selection(BaseModel):
         return self
 
 
+MAX_SCHEDULE_DAYS = 366
+"""How far ahead a replay job may be scheduled."""
+
+
 class ReplayMany(Selection):
     destination: Destination | None = Field(None, max_length=MAX_TOPIC_LENGTH)
     keep: StrictBool = False
     # At least one a second: slower, a job of the largest selection would run for days.
     rate: float | None = Field(None, ge=1, le=100_000, description="Messages per second.")
+    start_at: FilterTime | None = Field(
+        None,
+        description="Start the job at this time (ISO 8601; without an offset: UTC); until "
+        "then it is scheduled, and may be cancelled. Absent or past: at once. Not before "
+        f"1970 nor more than {MAX_SCHEDULE_DAYS} days ahead (400).",
+    )
+
+
+def _schedule_time(at: datetime | None) -> datetime | None:
+    """A job's start time in UTC, if one it may wait for: not before 1970, nor years
+    ahead (a typo in the year would hold its letters for ever); Invalid otherwise."""
+    if at is None:
+        return None
+    try:
+        utc = at.astimezone(UTC)
+    except OverflowError:
+        utc = None
+    latest = datetime.now(UTC) + timedelta(days=MAX_SCHEDULE_DAYS)
+    if utc is None or not datetime(1970, 1, 1, tzinfo=UTC) <= utc <= latest:
+        raise Invalid(f"start_at must be between 1970 and {MAX_SCHEDULE_DAYS} days from now")
+    return utc
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,33 +228,98 @@ class OperatorActions:
             raise NotFound(f"no dead letter {letter_id}")
         if (live := self._store.replay_jobs.live_job_of([letter_id])) is not None:
             raise Conflict(f"dead letter {letter_id} is still to be sent by replay job {live[0]}")
-        edit = None
-        if body.value is not None or body.headers is not None:
-            edit = Edit(
-                value=body.value.to_bytes() if body.value is not None else None,
-                headers=None
-                if body.headers is None
-                else [
-                    (h.name, None if h.value is None else h.value.to_bytes()) for h in body.headers
-                ],
-            )
+        if (why := quarantine_reason(row)) is not None and not body.override_quarantine:
+            raise Conflict(f"dead letter {letter_id} is {why} (override_quarantine)")
+        edit = body.edit()
         try:
-            acked = self._replayer.replay(row, destination=body.destination, edit=edit)
+            target = self._replayer.replay(row, destination=body.destination, edit=edit)
         except ReplayRefused as exc:
             raise Invalid(str(exc)) from None
-        if not acked:
+        if target is None:
             raise NotAcknowledged(f"the broker did not acknowledge dead letter {letter_id}")
-        if not body.keep:
-            self._store.delete_dead_letters([letter_id])
+        self._store.replayed(
+            letter_id,
+            actor=who.name,
+            topic=target.topic,
+            partition=target.partition,
+            delete=not body.keep,
+        )
+        detail: dict[str, Any] = {
+            "destination": body.destination,
+            "kept": body.keep,
+            "edited": edit is not None,
+            "round": row.replays + 1,
+        }
+        if row.quarantined:
+            detail["override_quarantine"] = True
         self._ops.audit(
             actor=who.name,
             role=who.role,
             action="edit-and-replay" if edit else "replay",
             ids=[letter_id],
             count=1,
-            detail={"destination": body.destination, "kept": body.keep, "edited": edit is not None},
+            detail=detail,
         )
         return {"replayed": 1, "ids": [letter_id], "failed": []}
+
+    def dry_run_one(self, who: Principal, letter_id: int, body: ReplayOne | None = None) -> Preview:
+        """What replaying the letter would send (:mod:`.replay_preview`); audited."""
+        body = body or ReplayOne()
+        row = self._store.dead_letter_by_id(letter_id)
+        if row is None:
+            raise NotFound(f"no dead letter {letter_id}")
+        shown = preview(
+            [row],
+            target_of=lambda letter: self._replayer.target_of(letter, body.destination),
+            skip=lambda letter: None if body.override_quarantine else quarantine_reason(letter),
+            edit=body.edit(),
+        )
+        if (live := self._store.replay_jobs.live_job_of([letter_id])) is not None:
+            shown.conflict = f"dead letter {letter_id} is still to be sent by replay job {live[0]}"
+        self._audit_dry_run(who, [letter_id], None, shown, body.destination)
+        return shown
+
+    def dry_run_many(self, who: Principal, body: ReplayMany) -> Preview:
+        """What a replay job over the selection would send; audited, nothing else."""
+        rows, remaining = self._select(body)
+        found = {r.id for r in rows}
+        shown = preview(
+            rows,
+            target_of=lambda letter: self._replayer.target_of(letter, body.destination),
+            skip=quarantine_reason,
+            missing=[i for i in body.ids or () if i not in found],
+        )
+        shown.remaining = remaining
+        if rows and (live := self._store.replay_jobs.live_job_of(sorted(found))) is not None:
+            shown.conflict = (
+                f"{live[1]} of these dead letters are still to be sent by replay job {live[0]}"
+            )
+        self._audit_dry_run(who, sorted(found), body.filter, shown, body.destination)
+        return shown
+
+    def _audit_dry_run(
+        self,
+        who: Principal,
+        ids: list[int],
+        flt: DeadLetterFilter | None,
+        shown: Preview,
+        destination: str | None,
+    ) -> None:
+        self._ops.audit(
+            actor=who.name,
+            role=who.role,
+            action="replay-dry-run",
+            ids=ids,
+            flt=flt,
+            count=shown.would_send,
+            detail={
+                "destination": destination,
+                "selected": shown.selected,
+                "would_send": shown.would_send,
+                "refused": len(shown.refused),
+                "skipped": len(shown.skipped),
+            },
+        )
 
     def _select(self, selection: Selection) -> tuple[list[DeadLetter], int]:
         store = self._store
@@ -224,18 +334,23 @@ class OperatorActions:
         """Start a replay job (:mod:`redrive.service.replay_jobs`) over the selection,
         after checking every destination; it runs in the background."""
         ops = self._ops
+        start_at = _schedule_time(body.start_at)
         rows, remaining = self._select(body)
         if not rows:
             raise Invalid("nothing to replay: no dead letter matches")
         try:
             for row in rows:
-                self._replayer.target_of(row, body.destination)
+                if not row.quarantined:  # passed over: its topic may be gone
+                    self._replayer.target_of(row, body.destination)
         except ReplayRefused as exc:
             raise Invalid(str(exc)) from None
         ids = [r.id for r in rows]
+        skipped = {r.id: why for r in rows if (why := quarantine_reason(r)) is not None}
         rate = body.rate or self._rate_per_second
         try:
             job_id = self._store.replay_jobs.create(
+                skipped=skipped,
+                start_at=start_at,
                 actor=who.name,
                 role=who.role,
                 destination=body.destination,
@@ -248,10 +363,12 @@ class OperatorActions:
             )
         except JobOverlap as exc:
             raise Conflict(f"{exc}: wait for it to end, or cancel it") from None
+        job = self._store.replay_jobs.get(job_id, with_failures=True)
+        assert job is not None
         ops.audit(
             actor=who.name,
             role=who.role,
-            action="replay-job",
+            action="schedule-replay-job" if job.state == "scheduled" else "replay-job",
             ids=ids,
             flt=body.filter,
             count=len(ids),
@@ -260,20 +377,20 @@ class OperatorActions:
                 "destination": body.destination,
                 "kept": body.keep,
                 "rate": rate,
+                "start_at": None if job.start_at is None else job.start_at.isoformat(),
+                "skipped": len(skipped),
             },
         )
         self._wake_replay_jobs()
-        job = self._store.replay_jobs.get(job_id, with_failures=True)
-        assert job is not None
         return JobStarted(job, remaining)
 
     def cancel_replay_job(self, who: Principal, job_id: int) -> ReplayJob:
-        """Cancel a running job; answers the job as it is then."""
+        """Cancel a running or scheduled job; answers the job as it is then."""
         ops = self._ops
         before = self._store.replay_jobs.cancel(job_id, who.name)
         if before is None:
             raise NotFound(f"no replay job {job_id}")
-        if before != "running":
+        if before not in ("running", "scheduled"):
             raise Conflict(f"replay job {job_id} is {before} already")
         job = self._store.replay_jobs.get(job_id, with_failures=True)
         assert job is not None
@@ -282,7 +399,7 @@ class OperatorActions:
             role=who.role,
             action="cancel-replay-job",
             count=job.cancelled,
-            detail={"job": job_id, "sent": job.sent},
+            detail={"job": job_id, "sent": job.sent, "was": before},
         )
         return job
 

@@ -174,6 +174,14 @@ class ServiceSettings(BaseSettings):
         description="Most dead letters one replay job takes; the request reports how many "
         "more match.",
     )
+    quarantine_after_replays: int = Field(
+        3,
+        ge=1,
+        le=1_000_000,
+        description="The loop guard: a dead letter that came back dead after this many "
+        "replays is quarantined (bulk replays skip it; replaying it alone needs an "
+        "override).",
+    )
     history_retention_days: float = Field(
         7.0,
         ge=0,

@@ -31,7 +31,7 @@ from redrive.service.store import (
     ReplayJob,
     Store,
 )
-from redrive.service.stories import stories
+from redrive.service.stories import dead_letter_of, stories, with_rounds
 
 T = TypeVar("T")
 
@@ -146,9 +146,12 @@ class Operations:
         offset: int | None = None,
     ) -> list[dict[str, Any]]:
         """Where is my record? The stories of the records with this key, or at these
-        original coordinates, from pending retries, history and dead letters."""
+        original coordinates, from pending retries, history and dead letters; a dead
+        letter's with the rounds of its replays (the loop guard's)."""
         steps = self.store.record_steps(key=key, topic=topic, partition=partition, offset=offset)
-        return stories(steps)
+        found = stories(steps)
+        letters = [letter for story in found if (letter := dead_letter_of(story)) is not None]
+        return with_rounds(found, self.store.replay_rounds(letters) if letters else {})
 
     # ---------------------------------------------------------------- replay jobs
 

@@ -2,10 +2,14 @@
 
 A replayed message carries the dead letter's key, value and the user's own headers;
 the redrive headers are dropped, so consumers see a fresh message with a fresh
-attempt count. The destination must pass the same allowlist as retry requests and
-exist: an operator cannot use replay to write where a request could not. A message
-counts only once the broker acknowledged it. Bulk replays run as paced background
-jobs (:mod:`redrive.service.replay_jobs`) that build their messages the same way.
+attempt count, but for two: ``redrive-replays`` (the letter's replays + 1) and
+``redrive-replay-of`` (the letter's id), which redrive's senders carry through the
+copy's retries into its next dead letter, so that the service counts the rounds of
+a letter that keeps coming back (its loop guard, :mod:`.replay_guard`). The
+destination must pass the same allowlist as retry requests and exist: an operator
+cannot use replay to write where a request could not. A message counts only once
+the broker acknowledged it. Bulk replays run as paced background jobs
+(:mod:`redrive.service.replay_jobs`) that build their messages the same way.
 
 Where a replay lands: back on the partition the letter was read from, when it goes
 to the topic it was read from and that topic still has that partition, so that it
@@ -21,7 +25,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from redrive.headers import Header, is_redrive_header
+from redrive.headers import REPLAY_OF, REPLAYS, Header, is_redrive_header
 from redrive.kafka import produce_patiently
 from redrive.service.store import DeadLetter
 
@@ -38,11 +42,19 @@ class Edit:
     headers: list[Header] | None = None
 
 
+def replay_headers(letter: DeadLetter) -> list[Header]:
+    """The two redrive headers a replay of the letter carries: its round, its letter."""
+    return [
+        (REPLAYS, str(letter.replays + 1).encode()),
+        (REPLAY_OF, str(letter.id).encode()),
+    ]
+
+
 def replayed_message(
     letter: DeadLetter, edit: Edit | None = None
 ) -> tuple[bytes | None, list[Header]]:
     """The value and headers a dead letter is replayed with (its key is unchanged):
-    the user's headers only, edited if asked."""
+    the user's headers only, edited if asked, then its round's (:func:`replay_headers`)."""
     headers = [(k, v) for k, v in letter.headers if not is_redrive_header(k)]
     value = letter.msg_value
     if edit is not None:
@@ -50,7 +62,7 @@ def replayed_message(
         if edit.headers is not None:
             # Edited headers cannot forge redrive metadata either.
             headers = [(k, v) for k, v in edit.headers if not is_redrive_header(k)]
-    return value, headers
+    return value, [*headers, *replay_headers(letter)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,9 +108,9 @@ class Replayer:
 
     def replay(
         self, letter: DeadLetter, *, destination: str | None = None, edit: Edit | None = None
-    ) -> bool:
-        """Send one dead letter (bulk replays are jobs: :mod:`.replay_jobs`); True once
-        the broker acknowledged it. Checks the destination before sending."""
+    ) -> Target | None:
+        """Send one dead letter (bulk replays are jobs: :mod:`.replay_jobs`); where it
+        went once the broker acknowledged it, else None. Checks the destination first."""
         target = self.target_of(letter, destination)
         value, headers = replayed_message(letter, edit)
         acked: list[bool] = []
@@ -116,4 +128,4 @@ class Replayer:
             partition=target.partition,
         )
         self._producer.flush(30)
-        return acked == [True]
+        return target if acked == [True] else None

@@ -24,6 +24,13 @@ its first record's place finds the record if the transaction committed, and skip
 it if it aborted. Readers of the destination that read committed records
 (librdkafka's default) so see every letter of a job exactly once.
 
+A job may be scheduled (``start_at``): it is stored `scheduled`, and started (made
+`running`, its ``started_at`` recorded) by whichever runner looks first once its
+time has come; a runner sleeps until the earliest such time rather than a whole
+poll, so a job starts within milliseconds of it, and a service restarted meanwhile
+finds it in the store. Letters the loop guard quarantined are `skipped` from the
+start (:mod:`.replay_guard`).
+
 Pacing: the n-th letter of a runner's stint is not sent before n / rate seconds
 after the stint began; a batch is a fifth of a second's worth, so a cancel takes
 effect within about that.
@@ -122,18 +129,24 @@ class ReplayJobRunner:
 
     def run(self) -> None:
         while not self._stop.is_set():
+            wait = POLL_SECONDS
             try:
+                for job_id in self._jobs.start_due():
+                    log.info("scheduled replay job started", job=job_id)
                 for job_id in self._jobs.unfinished():
                     with self._jobs.held(job_id) as mine:
                         if mine:
                             self._run(job_id)
                     if self._stop.is_set():
                         return
+                # Woken at the next scheduled job's time, not at the next poll after it.
+                if (next_start := self._jobs.next_start_s()) is not None:
+                    wait = min(wait, max(next_start, 0.0))
                 self.healthy = True
             except StoreUnavailable as exc:
                 self.healthy = False
                 log.warning("replay jobs: store unavailable; trying again", error=str(exc))
-            self._wake.wait(POLL_SECONDS)
+            self._wake.wait(wait)
             self._wake.clear()
 
     # ---------------------------------------------------------------- one job
@@ -318,6 +331,7 @@ class ReplayJobRunner:
                 "kept": job.keep,
                 "failed": job.failed,
                 "gone": job.gone,
+                "skipped": job.skipped,
             },
         )
 

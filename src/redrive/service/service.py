@@ -129,6 +129,7 @@ class RetryService:
             reconnect_max_s=s.store_retry_max_seconds,
             claim_timeout_s=s.lease_seconds,
             keep_history=s.history_retention_days > 0,
+            quarantine_after_replays=s.quarantine_after_replays,
         )
         try:
             self.store.open()

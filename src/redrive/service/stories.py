@@ -9,6 +9,12 @@ succeeds, so a record whose last retry was delivered, with no failure after it, 
 told as delivered on that try. A dead letter ends the story; a pending retry leaves
 it waiting.
 
+A dead letter that was replayed, or came back dead from a replay, has the rounds of
+its line too (``rounds``, from :mod:`.store.replay_rounds`: the loop guard's record):
+each replay (round n, when, by whom, to where) and what came back of it (which dead
+letter, when, with which error). A replayed copy is a new record with a story of its
+own; the rounds tie the stories together.
+
 Times are the service's: a failure is dated when the service received its request
 (the failure is at most that old), and a retry's `delay_ms` is its due time minus
 that (negative when the request arrived already due).
@@ -22,7 +28,7 @@ from itertools import groupby
 from typing import Any
 
 from redrive.headers import ERROR_MESSAGE, ERROR_TYPE, split_headers
-from redrive.service.store import Step
+from redrive.service.store import ReplayRound, Step
 
 RecordId = tuple[str | None, str | None, int | None, int | None]
 
@@ -107,3 +113,36 @@ def story(steps: list[Step]) -> dict[str, Any]:
 def stories(steps: Iterable[Step]) -> list[dict[str, Any]]:
     """One story per record, in the order the steps come (the store sorts them)."""
     return [story(list(group)) for _, group in groupby(steps, key=_record_of)]
+
+
+def dead_letter_of(story: dict[str, Any]) -> int | None:
+    """The id of the dead letter a story ends with (None: it ends otherwise)."""
+    ids = [e["dead_letter_id"] for e in story["events"] if e["event"] == "dead_letter"]
+    return ids[-1] if ids else None
+
+
+def round_told(row: ReplayRound) -> dict[str, Any]:
+    """One round of a letter's line as a story tells it."""
+    return {
+        "round": row.round,
+        "dead_letter_id": row.letter_id,
+        "replayed_at_ms": _ms(row.replayed_at),
+        "actor": row.actor,
+        "job": row.job_id,
+        "topic": row.topic,
+        "partition": row.kafka_partition,
+        "came_back_as": row.returned_id,
+        "came_back_at_ms": _ms(row.returned_at),
+        "error_type": row.error_type,
+        "error_message": row.error_message,
+    }
+
+
+def with_rounds(
+    found: list[dict[str, Any]], rounds: dict[int, list[ReplayRound]]
+) -> list[dict[str, Any]]:
+    """The stories, each with the rounds of its dead letter's line (none: [])."""
+    for story in found:
+        letter = dead_letter_of(story)
+        story["rounds"] = [round_told(r) for r in rounds.get(letter, [])] if letter else []
+    return found

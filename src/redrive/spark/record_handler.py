@@ -14,7 +14,14 @@ from dataclasses import dataclass, field
 from typing import Literal, TypeAlias
 
 from redrive.clock import Clock, now_ms
-from redrive.headers import Header, HeaderError, RetryHeaders, encode, is_redrive_header
+from redrive.headers import (
+    Header,
+    HeaderError,
+    RetryHeaders,
+    encode,
+    is_redrive_header,
+    read_replay,
+)
 from redrive.policy import Policy
 from redrive.router import (
     DeadLettered,
@@ -146,6 +153,7 @@ class RecordHandler:
             user_headers,
             delivery,
             attempt,
+            read_replay(record.headers),
         )
         home = record.topic
         if delivery is not None and delivery.original_topic:

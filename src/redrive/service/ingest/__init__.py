@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Literal, TypeAlias, get_args
 
-from redrive.headers import Header
+from redrive.headers import Header, read_replay
 from redrive.records import DeadLetterRecord
 from redrive.requests import Incoming
 from redrive.service.ingest import (
@@ -101,6 +101,10 @@ def ingest(incoming: Incoming, format: Format) -> IngestedLetter:
     if incoming.header_problem is not None:
         problem = short(str(incoming.header_problem))
         reason += f"; headers partly unreadable: {problem}"
+    history = fields.history.failure_history()
+    # A foreign system keeps a record's headers: a replayed letter's round survives it.
+    if history["replays"] is None and (replay := read_replay(headers)) is not None:
+        history["replays"], history["replay_of"] = replay
     letter = DeadLetterRecord(
         topic=fields.topic,
         key=incoming.key,
@@ -111,7 +115,7 @@ def ingest(incoming: Incoming, format: Format) -> IngestedLetter:
         source=f"ingest:{dialect.name}",
         attempt=fields.attempt,
         request=incoming.coordinates,
-        **fields.history.failure_history(),
+        **history,
     )
     return IngestedLetter(dialect.name, letter, fields.needs_record)
 

@@ -78,6 +78,8 @@
       setTimeout(() => { for (const input of empty) input.disabled = false; }, 0);
       return;
     }
+    // A preview (a dry run) changes nothing: no confirmation.
+    if (submitter && "noConfirm" in submitter.dataset) return;
     const source = submitter && submitter.dataset.confirm ? submitter : form;
     let text = source.dataset.confirm;
     if (!text) return;
@@ -295,7 +297,7 @@
     }
     const summary = $("[data-job-summary]", root);
     if (summary && summary.textContent !== job.summary) summary.textContent = job.summary;
-    if (job.state === "running") return;
+    if (job.state === "running" || job.state === "scheduled") return;
     root.dataset.state = job.state;
     // The live region was busy while the job ran: screen readers now read the outcome.
     if (summary) summary.setAttribute("aria-busy", "false");
@@ -326,7 +328,8 @@
         .then((job) => {
           if (!job) return;
           showJob(root, job);
-          if (job.state === "running") setTimeout(poll, POLL_MS);
+          // A scheduled job is followed too: it starts on its own, at its time.
+          if (job.state === "running" || job.state === "scheduled") setTimeout(poll, POLL_MS);
           // The refusals are listed by the server: reload once to show them.
           else if (job.failures.length > failuresShown) window.location.reload();
         })
@@ -350,7 +353,7 @@
   }
   for (const form of $$("form[data-bulk]")) showSelection(form);
   const job = $("[data-job]");
-  if (job && job.dataset.state === "running") followJob(job);
+  if (job && (job.dataset.state === "running" || job.dataset.state === "scheduled")) followJob(job);
   if (window.location.hash === "#search") focusSearch();
   refreshTimes();
   setInterval(refreshTimes, 1000);

@@ -16,6 +16,7 @@ its one door. Callers get typed methods, never a connection:
 - :mod:`.history`: delivered retries kept for a while, and a record's steps;
 - :mod:`.audit`: the log of operator actions;
 - :mod:`.replay_jobs`: bulk replays run in the background (``Store.replay_jobs``);
+- :mod:`.replay_rounds`: each replay of a letter and what came back (the loop guard);
 - :mod:`.tokens`: the API tokens' names, roles and digests;
 - :mod:`.wakeups`: the NOTIFY that wakes schedulers for rows due sooner;
 - :mod:`.identity`: the store's own id, which intake names in its commits;
@@ -50,6 +51,7 @@ from redrive.service.store import (
     identity_backfill,
     intake_writes,
     pending,
+    replay_rounds,
     stats,
     tokens,
 )
@@ -65,6 +67,7 @@ from redrive.service.store.read_models import (
     JobFailure,
     Pending,
     ReplayJob,
+    ReplayRound,
     Step,
     StoredMessage,
 )
@@ -93,6 +96,7 @@ __all__ = [
     "Placed",
     "ReplayJob",
     "ReplayJobStore",
+    "ReplayRound",
     "Row",
     "Settlement",
     "Step",
@@ -149,8 +153,10 @@ class Store:
         reconnect_max_s: float = 10.0,
         claim_timeout_s: float = 30.0,
         keep_history: bool = False,
+        quarantine_after_replays: int = intake_writes.DEFAULT_QUARANTINE_AFTER,
     ):
         self.keep_history = keep_history
+        self.quarantine_after_replays = quarantine_after_replays
         self.pool = _pool(url, "redrive-store", max_connections, reconnect_max_s)
         relaxed = (
             "-c synchronous_commit=off "
@@ -207,7 +213,14 @@ class Store:
         batch's earliest due time when the transaction commits.
         """
         with self._conn() as conn:
-            return intake_writes.insert_batch(conn, pending, dead, releases, now_ms=now_ms)
+            return intake_writes.insert_batch(
+                conn,
+                pending,
+                dead,
+                releases,
+                now_ms=now_ms,
+                quarantine_after=self.quarantine_after_replays,
+            )
 
     def prune_accepted(self, *, before_ms: int, limit: int) -> int:
         """Forget up to `limit` accepted identities whose window started before then."""
@@ -273,6 +286,21 @@ class Store:
     def count_dead_letters(self, search: DeadLetterSearch) -> int:
         with self._conn() as conn:
             return dead_letters.count(conn, search)
+
+    def replayed(
+        self, letter_id: int, *, actor: str, topic: str, partition: int | None, delete: bool
+    ) -> None:
+        """A single replay of the letter was acknowledged: its round recorded, and the
+        letter deleted unless kept, in one transaction."""
+        with self._conn() as conn, conn.transaction():
+            replay_rounds.record_one(conn, letter_id, actor=actor, topic=topic, partition=partition)
+            if delete:
+                dead_letters.delete(conn, [letter_id])
+
+    def replay_rounds(self, letter_ids: Sequence[int]) -> dict[int, list[ReplayRound]]:
+        """The rounds of each letter's line (:mod:`.replay_rounds`), first first."""
+        with self._conn() as conn:
+            return replay_rounds.of_letters(conn, letter_ids)
 
     def delete_dead_letters(self, ids: Sequence[int]) -> list[int]:
         """Delete; returns the ids that existed."""

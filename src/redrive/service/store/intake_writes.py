@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 import psycopg
 
@@ -71,13 +71,18 @@ DELETE FROM redrive_accepted WHERE identity IN (
     SELECT identity FROM redrive_accepted WHERE keep_from_ms < %s LIMIT %s)
 """
 
+DEFAULT_QUARANTINE_AFTER: Final = 3
+"""A letter that came back dead after this many replays is quarantined (the service's
+``quarantine_after_replays``)."""
+
 _INSERT_DEAD = """
 INSERT INTO redrive_dead_letters (
     topic, msg_key, msg_value, headers, attempt, group_id, original_topic,
     original_partition, original_offset, original_timestamp, error_type, error_message,
     error_trace, reason_code, reason, source, request_topic, request_partition, request_offset,
-    fingerprint, error_group)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
+    fingerprint, error_group, replays, replay_of, quarantined_at)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,
+        %s, %s, %s, %s, CASE WHEN %s THEN now() END)
 ON CONFLICT DO NOTHING
 RETURNING 1
 """
@@ -112,8 +117,13 @@ def _grouping(row: DeadLetterRecord) -> Grouping:
     )
 
 
-def _dead_params(row: DeadLetterRecord, grouping: Grouping) -> tuple[Any, ...]:
+def _dead_params(
+    row: DeadLetterRecord, grouping: Grouping, quarantine_after: int
+) -> tuple[Any, ...]:
+    """The letter's columns; quarantined (the loop guard) once it came back dead from
+    its `quarantine_after`-th replay."""
     req = row.request
+    replays = row.replays or 0
     return (
         clean_text(row.topic),
         row.key,
@@ -136,6 +146,9 @@ def _dead_params(row: DeadLetterRecord, grouping: Grouping) -> tuple[Any, ...]:
         req.offset if req else None,
         grouping.fingerprint,
         grouping.fingerprint,
+        replays,
+        row.replay_of,
+        replays >= quarantine_after,
     )
 
 
@@ -211,6 +224,7 @@ def insert_batch(
     releases: Sequence[Release] = (),
     *,
     now_ms: int,
+    quarantine_after: int = DEFAULT_QUARANTINE_AFTER,
 ) -> Stored:
     """Store a batch in one transaction, counted, without its repeats. Key queues the
     batch touched (ordered retries, releases) let their heads go."""
@@ -237,7 +251,7 @@ def insert_batch(
         key_queues.advance(conn, [*queues, *(r.queue for r in releases)])
         read_again: list[DeadLetterRecord] = []
         if dead:
-            dead = _insert_dead(cur, dead, read_again)
+            dead = _insert_dead(cur, dead, read_again, quarantine_after)
         counts = [("scheduled", t, n) for t, n in per_topic([r.destination for r in pending])]
         counts += [("dead_lettered", t, n) for t, n in per_topic([r.topic for r in dead])]
         if counts:
@@ -246,7 +260,10 @@ def insert_batch(
 
 
 def _insert_dead(
-    cur: psycopg.Cursor[Any], dead: Sequence[DeadLetterRecord], read_again: list[DeadLetterRecord]
+    cur: psycopg.Cursor[Any],
+    dead: Sequence[DeadLetterRecord],
+    read_again: list[DeadLetterRecord],
+    quarantine_after: int,
 ) -> list[DeadLetterRecord]:
     """Insert the letters. A request's letter is new (its identity was accepted just
     now); an ingested one has no identity, so the unique index on where it was read
@@ -256,11 +273,13 @@ def _insert_dead(
     groupings = {id(r): _grouping(r) for r in dead}  # each letter's group, computed once
     record_groups(cur, groupings.values())
     if requested:
-        cur.executemany(_INSERT_DEAD, [_dead_params(r, groupings[id(r)]) for r in requested])
+        cur.executemany(
+            _INSERT_DEAD, [_dead_params(r, groupings[id(r)], quarantine_after) for r in requested]
+        )
     if not ingested:
         return requested
-    rows = [_dead_params(r, groupings[id(r)]) for r in ingested]
-    cur.executemany(_INSERT_DEAD, rows, returning=True)
+    params = [_dead_params(r, groupings[id(r)], quarantine_after) for r in ingested]
+    cur.executemany(_INSERT_DEAD, params, returning=True)
     for letter in ingested:
         (requested if cur.fetchone() is not None else read_again).append(letter)
         cur.nextset()

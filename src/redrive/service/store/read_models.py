@@ -54,6 +54,17 @@ class DeadLetter(StoredMessage):
     """Its failure's fingerprint (:mod:`redrive.service.fingerprints`), computed once."""
     error_group: str | None = None
     """The error group it is in: its fingerprint, unless an operator moved it."""
+    replays: int = 0
+    """How many replays it had had when it came back dead (0: never replayed)."""
+    replay_of: int | None = None
+    """The letter it was last replayed from (its previous round), if it came back."""
+    quarantined_at: datetime | None = None
+    """When the loop guard quarantined it (None: not quarantined): it had come back
+    dead after the service's ``quarantine_after_replays`` replays."""
+
+    @property
+    def quarantined(self) -> bool:
+        return self.quarantined_at is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,10 +125,12 @@ class AuditRecord:
 
 @dataclass(frozen=True, slots=True)
 class JobFailure:
-    """A letter the broker refused in a replay job, and why."""
+    """A letter of a replay job not sent, and why: refused by the broker (failed), or
+    passed over (skipped: quarantined)."""
 
     dead_letter_id: int
     error: str | None
+    state: str = "failed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,6 +154,11 @@ class ReplayJob:
     failed: int
     gone: int
     cancelled: int
+    skipped: int = 0
+    start_at: datetime | None = None
+    """When a scheduled job is to start (None: at once)."""
+    started_at: datetime | None = None
+    """When its runner started it (None: not yet)."""
     failures: tuple[JobFailure, ...] = ()
 
 
@@ -172,3 +190,23 @@ class GroupSurge:
     muted: bool
     last_hour: int
     usual_per_hour: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayRound:
+    """One replay of a dead letter (``letter_id``, its ``round``-th in its line): when,
+    by whom (and which job), where to; and the letter it came back dead as, when, with
+    which error (``returned_id`` None: it has not come back)."""
+
+    id: int
+    letter_id: int
+    round: int
+    replayed_at: datetime
+    actor: str
+    job_id: int | None
+    topic: str
+    kafka_partition: int | None
+    returned_id: int | None
+    returned_at: datetime | None
+    error_type: str | None
+    error_message: str | None

@@ -13,14 +13,16 @@ Invariants the SQL keeps:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any, Final
 
 import psycopg
 from psycopg.rows import class_row
 
+from redrive.service.store import replay_rounds
 from redrive.service.store.read_models import JobFailure, ReplayJob
 
 LIVE: Final = ("todo", "sending")
@@ -57,28 +59,57 @@ def create(
     rate: float,
     filter_json: str | None,
     ids: Sequence[int],
+    skipped: Mapping[int, str] | None = None,
+    start_at: datetime | None = None,
 ) -> int:
-    """A new running job over `ids` (sent in this order); JobOverlap if another job
-    still has some of them to send."""
+    """A new job over `ids` (sent in this order), running, or scheduled when
+    `start_at` is later than now; the letters of `skipped` are passed over (with why).
+    JobOverlap if another job still has some of the others to send."""
+    skipped = skipped or {}
     with conn.transaction():
         row = conn.execute(
-            "INSERT INTO redrive_replay_jobs (actor, role, destination, keep, rate, filter, total)"
-            " VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s) RETURNING id",
-            (actor, role, destination, keep, rate, filter_json, len(ids)),
+            "INSERT INTO redrive_replay_jobs (actor, role, destination, keep, rate, filter,"
+            " total, start_at, state, started_at)"
+            " SELECT %(actor)s, %(role)s, %(destination)s, %(keep)s, %(rate)s,"
+            " %(filter)s::jsonb, %(total)s, %(start_at)s, s.state,"
+            " CASE WHEN s.state = 'running' THEN now() END"
+            " FROM (SELECT CASE WHEN %(start_at)s::timestamptz > now() THEN 'scheduled'"
+            " ELSE 'running' END AS state) s RETURNING id",
+            {
+                "actor": actor,
+                "role": role,
+                "destination": destination,
+                "keep": keep,
+                "rate": rate,
+                "filter": filter_json,
+                "total": len(ids),
+                "start_at": start_at,
+            },
         ).fetchone()
         assert row is not None
         job_id = int(row[0])
         try:
             with conn.transaction():
                 conn.execute(
-                    "INSERT INTO redrive_replay_job_items (job_id, dead_letter_id, position)"
-                    " SELECT %s, letter, position FROM unnest(%s::bigint[])"
-                    " WITH ORDINALITY AS t(letter, position)",
-                    (job_id, list(ids)),
+                    "INSERT INTO redrive_replay_job_items"
+                    " (job_id, dead_letter_id, position, state, error)"
+                    " SELECT %s, letter, position, CASE WHEN why IS NULL THEN 'todo'"
+                    " ELSE 'skipped' END, why"
+                    " FROM unnest(%s::bigint[], %s::text[]) WITH ORDINALITY"
+                    " AS t(letter, why, position)",
+                    (job_id, list(ids), [skipped.get(i) for i in ids]),
                 )
         except psycopg.errors.UniqueViolation:
-            other = live_job_of(conn, ids)
+            other = live_job_of(conn, [i for i in ids if i not in skipped])
             raise JobOverlap(*(other or (0, 0))) from None
+        # Nothing to send (every letter skipped): done at once, scheduled or not.
+        conn.execute(
+            "UPDATE redrive_replay_jobs SET state = 'done', finished_at = now(),"
+            " started_at = coalesce(started_at, now())"
+            " WHERE id = %s AND NOT EXISTS (SELECT 1 FROM redrive_replay_job_items"
+            "  WHERE job_id = %s AND state = 'todo')",
+            (job_id, job_id),
+        )
     return job_id
 
 
@@ -95,8 +126,9 @@ def live_job_of(conn: psycopg.Connection[Any], ids: Sequence[int]) -> tuple[int,
 
 _JOB_COLUMNS: Final = """
 j.id, j.state, j.actor, j.role, j.destination, j.keep, j.rate, j.filter, j.total,
-j.created_at, j.finished_at, j.cancelled_by,
+j.created_at, j.finished_at, j.cancelled_by, j.start_at, j.started_at,
 count(*) FILTER (WHERE i.state = 'sent') AS sent,
+count(*) FILTER (WHERE i.state = 'skipped') AS skipped,
 count(*) FILTER (WHERE i.state = 'failed') AS failed,
 count(*) FILTER (WHERE i.state = 'gone') AS gone,
 count(*) FILTER (WHERE i.state = 'cancelled') AS cancelled
@@ -127,11 +159,12 @@ def newest(conn: psycopg.Connection[Any], *, before_id: int | None, limit: int) 
 
 
 def failures(conn: psycopg.Connection[Any], job_id: int, *, limit: int) -> list[JobFailure]:
-    """The job's refused letters and why, first sent first."""
+    """The job's refused (failed) and passed over (skipped) letters and why, in the
+    job's order."""
     with conn.cursor(row_factory=class_row(JobFailure)) as cur:
         return cur.execute(
-            "SELECT dead_letter_id, error FROM redrive_replay_job_items"
-            " WHERE job_id = %s AND state = 'failed' ORDER BY position LIMIT %s",
+            "SELECT dead_letter_id, error, state FROM redrive_replay_job_items"
+            " WHERE job_id = %s AND state IN ('failed', 'skipped') ORDER BY position LIMIT %s",
             (job_id, limit),
         ).fetchall()
 
@@ -145,6 +178,25 @@ def unfinished(conn: psycopg.Connection[Any]) -> list[int]:
         " ORDER BY 1"
     ).fetchall()
     return [int(r[0]) for r in rows]
+
+
+def start_due(conn: psycopg.Connection[Any]) -> list[int]:
+    """Start the scheduled jobs whose time has come (their `started_at` is now)."""
+    rows = conn.execute(
+        "UPDATE redrive_replay_jobs SET state = 'running', started_at = now()"
+        " WHERE state = 'scheduled' AND start_at <= now() RETURNING id"
+    ).fetchall()
+    return sorted(int(r[0]) for r in rows)
+
+
+def next_start_s(conn: psycopg.Connection[Any]) -> float | None:
+    """Seconds until the next scheduled job's time (by the database's clock, which
+    :func:`start_due` reads too); None when no job is scheduled."""
+    row = conn.execute(
+        "SELECT extract(epoch FROM min(start_at) - now()) FROM redrive_replay_jobs"
+        " WHERE state = 'scheduled'"
+    ).fetchone()
+    return None if row is None or row[0] is None else float(row[0])
 
 
 def try_lock(conn: psycopg.Connection[Any], job_id: int) -> bool:
@@ -219,6 +271,7 @@ def settle_sending(conn: psycopg.Connection[Any], job_id: int, *, committed: boo
         if job is None:
             return []
         if committed:
+            replay_rounds.record_batch(conn, job_id)
             rows = conn.execute(
                 "UPDATE redrive_replay_job_items SET state = 'sent'"
                 " WHERE job_id = %s AND state = 'sending' RETURNING dead_letter_id",
@@ -268,15 +321,15 @@ def _finish_if_done(conn: psycopg.Connection[Any], job_id: int) -> None:
 
 
 def cancel(conn: psycopg.Connection[Any], job_id: int, who: str) -> str | None:
-    """Cancel a running job: its letters not yet sent stay dead letters. Returns the
-    job's state before (None: no such job); only a running job changes."""
+    """Cancel a running or scheduled job: its letters not yet sent stay dead letters.
+    Returns the job's state before (None: no such job); only such a job changes."""
     with conn.transaction():
         row = conn.execute(
             "SELECT state FROM redrive_replay_jobs WHERE id = %s FOR UPDATE", (job_id,)
         ).fetchone()
         if row is None:
             return None
-        if row[0] == "running":
+        if row[0] in ("running", "scheduled"):
             conn.execute(
                 "UPDATE redrive_replay_jobs SET state = 'cancelled', cancelled_by = %s,"
                 " finished_at = now() WHERE id = %s",
@@ -314,7 +367,7 @@ class ReplayJobStore:
         """The job; with its refused letters (the first 100) when asked."""
         with self._conn() as conn:
             job = get(conn, job_id)
-            if job is None or not with_failures or not job.failed:
+            if job is None or not with_failures or not (job.failed or job.skipped):
                 return job
             return replace(job, failures=tuple(failures(conn, job_id, limit=100)))
 
@@ -329,6 +382,14 @@ class ReplayJobStore:
     def unfinished(self) -> list[int]:
         with self._conn() as conn:
             return unfinished(conn)
+
+    def start_due(self) -> list[int]:
+        with self._conn() as conn:
+            return start_due(conn)
+
+    def next_start_s(self) -> float | None:
+        with self._conn() as conn:
+            return next_start_s(conn)
 
     @contextmanager
     def held(self, job_id: int) -> Iterator[bool]:

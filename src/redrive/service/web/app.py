@@ -28,7 +28,16 @@ from redrive.service.filters import FilterError
 from redrive.service.operations import Operations
 from redrive.service.refusals import ActionRefused, Conflict, Invalid, NotAcknowledged, NotFound
 from redrive.service.replay import Replayer
-from redrive.service.web import api, forms, groups_api, groups_pages, pages, probes
+from redrive.service.web import (
+    api,
+    forms,
+    groups_api,
+    groups_pages,
+    pages,
+    probes,
+    replay_api,
+    replay_forms,  # noqa: F401  (adds its form actions to forms.router)
+)
 from redrive.service.web.deps import Collaborators
 from redrive.service.web.limits import BodyLimit
 from redrive.service.web.openapi import openapi_document
@@ -118,6 +127,7 @@ def create_app(service: Service) -> FastAPI:
     app.include_router(probes.router)
     app.include_router(api.router)
     app.include_router(groups_api.router)
+    app.include_router(replay_api.router)
     app.include_router(pages.router)
     app.include_router(groups_pages.router)
     app.include_router(forms.router)  # with the group forms (groups_pages, imported above)

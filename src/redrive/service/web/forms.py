@@ -10,6 +10,7 @@ script, a form not yet confirmed gets a confirmation page first.
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -168,33 +169,18 @@ def bulk(p: Posted) -> Response:
     if op not in _BULK:
         return p.redirect(back, "error", f"Unknown bulk action {op!r}.")
     verb, scope = op.split(":")
-    body: dict[str, Any]
-    if scope == "selected":
-        try:
-            ids = sorted({int(str(v)) for v in p.form.getlist("ids")})
-        except ValueError:
-            return p.redirect(back, "error", "The selection is not a list of ids.")
-        if not ids:
-            return p.redirect(back, "error", "Select dead letters first (x toggles a row).")
-        body = {"ids": ids}
-        what = f"the {plural(len(ids), 'selected dead letter')}"
-    else:
-        try:
-            flt, raw = dead_letter_filter(p.form)
-        except ValueError as exc:
-            return p.redirect(back, "error", f"Bad filter: {exc}")
-        body = {"filter": flt, "all": p.field("all") == "1"}
-        count = p.store.count_dead_letters(flt)
-        described = describe_filter(raw)
-        what = (
-            f"all {plural(count, 'dead letter')} matching {described}"
-            if described
-            else f"every dead letter ({count:,})"
-        )
+    try:
+        body, what = selection_of(p, scope)
+        start_at = start_time(p) if verb == "replay" else None
+    except ValueError as exc:
+        return p.redirect(back, "error", str(exc))
+    if start_at is not None:
+        body["start_at"] = start_at
     if not confirmed(p.form):
         if verb == "replay":
+            when = f" at {start_at:%Y-%m-%d %H:%M:%S} UTC" if start_at is not None else ""
             question = (
-                f"Replay {what} to their topics? A job sends them in the background, "
+                f"Replay {what} to their topics{when}? A job sends them in the background, "
                 "paced; each is deleted once the broker has it."
             )
         else:
@@ -214,6 +200,43 @@ def bulk(p: Posted) -> Response:
     return p.redirect(back, "ok", f"Deleted {plural(result['deleted'], 'dead letter')}.")
 
 
+def selection_of(p: Posted, scope: str) -> tuple[dict[str, Any], str]:
+    """The dead letters a bulk form names (`selected` ids, or those `matching` its
+    filter) as a request body, and in words; ValueError saying what is wrong."""
+    if scope == "selected":
+        try:
+            ids = sorted({int(str(v)) for v in p.form.getlist("ids")})
+        except ValueError:
+            raise ValueError("The selection is not a list of ids.") from None
+        if not ids:
+            raise ValueError("Select dead letters first (x toggles a row).")
+        return {"ids": ids}, f"the {plural(len(ids), 'selected dead letter')}"
+    try:
+        flt, raw = dead_letter_filter(p.form)
+    except ValueError as exc:
+        raise ValueError(f"Bad filter: {exc}") from None
+    count = p.store.count_dead_letters(flt)
+    described = describe_filter(raw)
+    what = (
+        f"all {plural(count, 'dead letter')} matching {described}"
+        if described
+        else f"every dead letter ({count:,})"
+    )
+    return {"filter": flt, "all": p.field("all") == "1"}, what
+
+
+def start_time(p: Posted) -> datetime | None:
+    """The bulk form's optional start time (UTC, as its datetime-local input sends it)."""
+    text = p.field("start_at").strip()
+    if not text:
+        return None
+    try:
+        at = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"Bad start time {text!r}: give a date and time (UTC).") from None
+    return at.replace(tzinfo=UTC) if at.tzinfo is None else at
+
+
 def _replay_many(p: Posted, body: dict[str, Any], back: str) -> Response:
     try:
         replay = ReplayMany(**body)
@@ -224,10 +247,15 @@ def _replay_many(p: Posted, body: dict[str, Any], back: str) -> Response:
     except REFUSALS as exc:
         return p.redirect(back, "error", f"Replay refused: {explain(exc)}")
     job = started.job
+    begun = "started" if job.start_at is None or job.state != "scheduled" else "scheduled"
     text = (
-        f"Replay job {job.id} started: {plural(job.total, 'dead letter')} "
-        f"at {per_second(job.rate)}."
+        f"Replay job {job.id} {begun}: {plural(job.total, 'dead letter')} at {per_second(job.rate)}"
     )
+    if begun == "scheduled" and job.start_at is not None:
+        text += f", from {job.start_at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
+    text += "."
+    if job.skipped:
+        text += f" {plural(job.skipped, 'quarantined dead letter')} skipped."
     if started.remaining:
         # Replaying again now would pick the letters this job still has to send.
         text += (
@@ -243,6 +271,7 @@ def replay(p: Posted) -> Response:
     here = f"/dead-letters/{letter_id}" + query(back=back)
     destination = p.field("destination") or None
     keep = p.field("keep") == "1"
+    override = p.field("override_quarantine") == "1"
     edited = "value" in p.form
     value = None
     if edited:
@@ -259,11 +288,14 @@ def replay(p: Posted) -> Response:
         question = f"{verb} dead letter {letter_id} to {target}?"
         if not keep:
             question += " It is deleted once the broker has it."
+        if override:
+            question += " It is quarantined: the override is recorded in the audit log."
         return p.confirm(question, "Replay", here)
     try:
         body = ReplayOne(
             destination=destination,
             keep=keep,
+            override_quarantine=override,
             value=Payload(text=value) if value is not None else None,
         )
     except ValidationError as exc:

@@ -45,6 +45,7 @@ from redrive.service.web.representations import (
     queue_item,
     queue_view,
     replay_job_view,
+    rounds_view,
     story_view,
 )
 
@@ -267,6 +268,7 @@ def dead_letter(
         value=payload_view(detail["value"]),
         headers=headers,
         user_headers=sum(1 for h in headers if not h["redrive"]),
+        rounds=rounds_view(store.replay_rounds([letter_id]).get(letter_id, [])),
         story_url=story_url(
             detail["original"]["topic"],
             detail["original"]["partition"],
@@ -389,7 +391,7 @@ def job_summary(job: dict[str, Any]) -> str:
     """How far a job got, in one line: "1,234 of 5,000 · sent 1,230 · failed 4"."""
     text = f"{job['settled']:,} of {job['total']:,}"
     text += f" · sent {job['sent']:,} · failed {job['failed']:,}"
-    for name in ("gone", "cancelled"):
+    for name in ("gone", "cancelled", "skipped"):
         if job[name]:
             text += f" · {name} {job[name]:,}"
     return text

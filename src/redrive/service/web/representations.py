@@ -13,7 +13,17 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from redrive.service.store import AuditRecord, DeadLetter, Pending, ReplayJob, StoredMessage
+from redrive.headers import is_redrive_header
+from redrive.service.replay_preview import Preview
+from redrive.service.store import (
+    AuditRecord,
+    DeadLetter,
+    Pending,
+    ReplayJob,
+    ReplayRound,
+    StoredMessage,
+)
+from redrive.service.stories import round_told
 
 HEX_PREVIEW_BYTES = 64 * 1024
 # A payload's JSON is shown parsed only up to this nesting: responses are serialized
@@ -102,6 +112,10 @@ def dead_letter_summary(row: DeadLetter) -> dict[str, Any]:
         "attempt": row.attempt,
         "key": _utf8(key) if key is not None else None,
         "dead_at": _time(row.dead_at),
+        "replays": row.replays,
+        "replay_of": row.replay_of,
+        "quarantined": row.quarantined,
+        "quarantined_at": _time(row.quarantined_at),
     }
 
 
@@ -204,7 +218,13 @@ def audit_entry(row: AuditRecord) -> dict[str, Any]:
 def replay_job_view(row: ReplayJob) -> dict[str, Any]:
     """A replay job as the API and the job page show it: what was asked, and how far
     it got (`settled` letters of `total`: sent, failed, gone or cancelled)."""
-    counts = {"sent": row.sent, "failed": row.failed, "gone": row.gone, "cancelled": row.cancelled}
+    counts = {
+        "sent": row.sent,
+        "failed": row.failed,
+        "gone": row.gone,
+        "cancelled": row.cancelled,
+        "skipped": row.skipped,
+    }
     settled = sum(counts.values())
     return {
         "id": row.id,
@@ -220,9 +240,60 @@ def replay_job_view(row: ReplayJob) -> dict[str, Any]:
         "settled": settled,
         "progress": settled / row.total if row.total else 1.0,
         "created_at": _time(row.created_at),
+        "start_at": _time(row.start_at),
+        "started_at": _time(row.started_at),
         "finished_at": _time(row.finished_at),
         "cancelled_by": row.cancelled_by,
-        "failures": [{"dead_letter_id": f.dead_letter_id, "error": f.error} for f in row.failures],
+        "failures": [
+            {"dead_letter_id": f.dead_letter_id, "error": f.error, "state": f.state}
+            for f in row.failures
+        ],
+    }
+
+
+def _round_shown(told: dict[str, Any]) -> dict[str, Any]:
+    return {
+        **told,
+        "replayed_at": _iso_ms(told["replayed_at_ms"]),
+        "came_back_at": _iso_ms(told["came_back_at_ms"]),
+    }
+
+
+def rounds_view(rows: list[ReplayRound]) -> list[dict[str, Any]]:
+    """The loop guard's rounds of a letter's line (as a story tells them), first first."""
+    return [_round_shown(round_told(row)) for row in rows]
+
+
+def preview_view(shown: Preview) -> dict[str, Any]:
+    """A dry run (service/replay_preview.py) as the API answers it and the UI shows it."""
+    return {
+        "dry_run": True,
+        "selected": shown.selected,
+        "would_send": shown.would_send,
+        "remaining": shown.remaining,
+        "destinations": [
+            {"topic": topic, "partition": partition, "count": count}
+            for (topic, partition), count in sorted(
+                shown.sends.items(), key=lambda item: (item[0][0], item[0][1] is None, item[0][1])
+            )
+        ],
+        "sample": [
+            {
+                "dead_letter_id": one.letter_id,
+                "key": render_bytes(one.key),
+                "topic": one.topic,
+                "partition": one.partition,
+                "headers": render_headers(one.headers),
+            }
+            for one in shown.sample
+        ],
+        "stripped_headers": [
+            {"name": name, "letters": count, "redrive": is_redrive_header(name)}
+            for name, count in sorted(shown.stripped.items())
+        ],
+        "refused": [{"dead_letter_id": p.letter_id, "reason": p.reason} for p in shown.refused],
+        "skipped": [{"dead_letter_id": p.letter_id, "reason": p.reason} for p in shown.skipped],
+        "conflict": shown.conflict,
     }
 
 
@@ -240,4 +311,5 @@ def story_view(story: dict[str, Any]) -> dict[str, Any]:
             if name in shown:
                 shown[name.removesuffix("_ms")] = _iso_ms(shown[name])
         events.append(shown)
-    return {**story, "key": render_bytes(story["key"]), "events": events}
+    rounds = [_round_shown(told) for told in story.get("rounds", [])]
+    return {**story, "key": render_bytes(story["key"]), "events": events, "rounds": rounds}
