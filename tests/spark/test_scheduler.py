@@ -88,10 +88,10 @@ SMALL_TOPIC_BYTES = 1024
 PLACED_PARTITIONS = 6
 MODULE_TRIGGER = "2 seconds"
 """The module query's trigger. It runs a batch every trigger for as long as it lives,
-idle or not (two Spark jobs, their Python workers and Kafka): what it proves (never before due, due order, dead letters,
-repeats) holds at any interval, and a shorter one would only spend CPU on batches
-with nothing in them. Leads below are several triggers long, so that what is meant
-to wait in state does."""
+idle or not (two Spark jobs, their Python workers and Kafka): what it proves (never
+before due, due order, dead letters, repeats) holds at any interval, and a shorter
+one would only spend CPU on batches with nothing in them. Leads below are several
+triggers long, so that what is meant to wait in state does."""
 
 
 @pytest.fixture(scope="module")
