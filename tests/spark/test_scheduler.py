@@ -87,10 +87,11 @@ class Scheduler:
 SMALL_TOPIC_BYTES = 1024
 PLACED_PARTITIONS = 6
 MODULE_TRIGGER = "2 seconds"
-"""The module query's trigger. It runs a batch every trigger for as long as it lives,
-idle or not (two Spark jobs, their Python workers and Kafka): what it proves (never
-before due, due order, dead letters, repeats) holds at any interval, and a shorter
-one would only spend CPU on batches with nothing in them. Leads below are several
+"""The scheduler queries' trigger in this module. A query runs a batch every trigger
+for as long as it lives, idle or not (two Spark jobs, their Python workers and
+Kafka): what the tests prove (never before due, due order, dead letters, repeats,
+pending requests kept across a restart) holds at any interval, and a shorter one
+would only spend CPU on batches with nothing in them. Leads below are several
 triggers long, so that what is meant to wait in state does."""
 
 
@@ -139,7 +140,7 @@ def test_pending_requests_survive_a_restart(spark: Any, bootstrap: str, tmp_path
             dlq_topic=dlq,
             allowed_destinations=[destination],
             checkpoint=checkpoint,
-            trigger_interval="500 milliseconds",
+            trigger_interval=MODULE_TRIGGER,
             query_name=None,
         )
 
