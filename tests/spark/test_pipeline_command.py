@@ -35,11 +35,13 @@ HANDLERS = "tests.spark.pipeline_handlers"
 
 def child_env(**extra: str) -> dict[str, str]:
     """This environment without redrive's settings, and without the variables through
-    which PySpark would think it runs under spark-submit."""
+    which PySpark would think it runs under spark-submit. SPARK_CONF_DIR stays: the
+    suite's spark-defaults.conf (tests/spark-conf) keeps the child's JVMs, and the
+    executors it starts, at the JIT's first tier like every other JVM of the suite."""
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith(("REDRIVE_", "PYSPARK_", "SPARK_", "_PYSPARK"))
+        if k == "SPARK_CONF_DIR" or not k.startswith(("REDRIVE_", "PYSPARK_", "SPARK_", "_PYSPARK"))
     }
     return {**env, **extra}
 

@@ -272,7 +272,13 @@ class LocalSparkCluster:
         env["SPARK_DAEMON_MEMORY"] = DAEMON_MEMORY
         # A port taken between the check and the start is an error, not port + 1.
         # No hsperfdata file in /tmp either (a killed daemon would leave its own).
-        env["SPARK_DAEMON_JAVA_OPTS"] = "-Dspark.port.maxRetries=0 -XX:-UsePerfData"
+        # The JIT's first tier only: a master or worker only answers RPCs and
+        # heartbeats, never hot code worth the optimising compiler, which would be
+        # much of what the daemons spend starting (and more memory); the executors'
+        # JVMs are not daemons and keep the JVM's defaults.
+        env["SPARK_DAEMON_JAVA_OPTS"] = (
+            "-Dspark.port.maxRetries=0 -XX:-UsePerfData -XX:TieredStopAtLevel=1"
+        )
         scratch = self.root / ("master" if worker is None else f"worker-{worker}")
         (scratch / "local").mkdir(parents=True, exist_ok=True)
         (scratch / "tmp").mkdir(parents=True, exist_ok=True)

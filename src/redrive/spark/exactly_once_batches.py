@@ -73,15 +73,20 @@ def write_task(
     batches: Iterable[pa.RecordBatch],
     links: Links = WORKER_LINKS,
 ) -> pa.RecordBatch:
-    """Task ``partition``'s rows of batch ``batch_id``, written once; its counts."""
+    """Task ``partition``'s rows of batch ``batch_id``, written once; its counts.
+
+    A task without rows asks Kafka nothing: an idle scheduler runs a batch every
+    trigger, and a transaction for each of its tasks (a fencing check, the offsets,
+    a commit) would be most of its work. Leaving the batch unrecorded keeps the
+    invariant: the next task with rows records its own batch, past this one, and a
+    re-run of this batch has nothing to write either."""
+    rows = [batch for batch in batches if batch.num_rows]
+    if not rows:
+        return stats_batch({"handled": 0})
     writer = PartitionWriter(target.of_task(partition), target.marker_topic, 0, links)
     if writer.committed > batch_id:  # written by an earlier run of this batch
-        skipped = sum(batch.num_rows for batch in batches)
-        return stats_batch({"skipped": skipped})
-    handled = 0
-    for batch in batches:
-        if batch.num_rows:
-            writer.add(batch, batch_id + 1)
-            handled += batch.num_rows
-    writer.commit()  # (a batch without rows for this task has nothing to write)
-    return stats_batch({"handled": handled, **writer.written})
+        return stats_batch({"skipped": sum(batch.num_rows for batch in rows)})
+    for batch in rows:
+        writer.add(batch, batch_id + 1)
+    writer.commit()
+    return stats_batch({"handled": sum(batch.num_rows for batch in rows), **writer.written})
