@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -89,10 +90,20 @@ class TopicReader:
                     )
                 )
 
-    def wait_for(self, count: int, timeout_s: float, topic: str | None = None) -> list[Received]:
-        """Read until ``count`` messages (of ``topic``, or of all) arrived or time is up."""
+    def wait_for(
+        self,
+        count: int,
+        timeout_s: float,
+        topic: str | None = None,
+        queries: Sequence[Any] = (),
+    ) -> list[Received]:
+        """Read until ``count`` messages (of ``topic``, or of all) arrived or time is up;
+        failed at once if one of the streaming ``queries`` that write them failed."""
         deadline = Deadline(timeout_s)
         while len(self.of(topic)) < count and not deadline.passed():
+            for query in queries:
+                failure = query.exception()
+                assert failure is None, f"a query failed: {failure}"
             self.poll(0.2)
         return self.of(topic)
 

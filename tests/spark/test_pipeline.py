@@ -156,8 +156,8 @@ def test_failures_are_retried_and_dead_lettered_and_the_query_survives(
     flaky = {n for n in range(RECORDS) if is_flaky(n)}
     good = set(range(RECORDS)) - fatal
     try:
-        reader.wait_for(len(good), timeout_s=300, topic=output)
-        reader.wait_for(len(fatal), timeout_s=60, topic=dlq)
+        reader.wait_for(len(good), timeout_s=300, topic=output, queries=(pipeline, scheduler))
+        reader.wait_for(len(fatal), timeout_s=60, topic=dlq, queries=(pipeline, scheduler))
         reader.poll(3)  # duplicates or strays would show up here
         print(f"all {len(good)} results after {time.monotonic() - started:.1f} s")
         assert pipeline.isActive and pipeline.exception() is None

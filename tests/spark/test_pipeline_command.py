@@ -25,6 +25,7 @@ from redrive.headers import decode
 from redrive.ports import free_port
 from tests.integration.consumer_harness import wait_for
 from tests.integration.service_harness import produce
+from tests.plugins.leftovers import MARK
 from tests.spark import Received, TopicReader, scrape
 
 pytestmark = pytest.mark.spark
@@ -37,11 +38,14 @@ def child_env(**extra: str) -> dict[str, str]:
     """This environment without redrive's settings, and without the variables through
     which PySpark would think it runs under spark-submit. SPARK_CONF_DIR stays: the
     suite's spark-defaults.conf (tests/spark-conf) keeps the child's JVMs, and the
-    executors it starts, at the JIT's first tier like every other JVM of the suite."""
+    executors it starts, at the JIT's first tier like every other JVM of the suite; so
+    does the suite's mark, by which no process the child starts outlives the test run
+    unnoticed (tests/plugins/leftovers.py)."""
+    kept = {"SPARK_CONF_DIR", MARK}
     env = {
         k: v
         for k, v in os.environ.items()
-        if k == "SPARK_CONF_DIR" or not k.startswith(("REDRIVE_", "PYSPARK_", "SPARK_", "_PYSPARK"))
+        if k in kept or not k.startswith(("REDRIVE_", "PYSPARK_", "SPARK_", "_PYSPARK"))
     }
     return {**env, **extra}
 
