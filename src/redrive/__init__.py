@@ -14,6 +14,7 @@ from redrive.consumer import (
     Topics,
 )
 from redrive.policy import FatalError, Policy, RetryableError, policy
+from redrive.signing import KeyRing
 
 __version__ = "0.1.0"
 
@@ -24,6 +25,7 @@ __all__ = [
     "Breaker",
     "DeserializationError",
     "FatalError",
+    "KeyRing",
     "Message",
     "Pause",
     "Policy",

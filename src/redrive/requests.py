@@ -47,6 +47,7 @@ from redrive.records import (
     RequestCoordinates,
     order_queue,
 )
+from redrive.signing import SignatureCheck
 
 SOURCE: Final = "intake"
 
@@ -91,6 +92,8 @@ class IntakeRules:
     keeps_order: bool = True
     """Whether the reader keeps a key's queue (``redrive-order``): the retry service
     does, the Spark scheduler does not, and refuses what would need it."""
+    signatures: SignatureCheck | None = None
+    """What is asked of a request's ``redrive-signature``; None: nothing (no keys)."""
 
 
 def classify(
@@ -112,6 +115,11 @@ def classify(
     def dead(code: DeadLetterReason, reason: str) -> DeadLetterRecord:
         return _dead(msg, request, code, reason)
 
+    if rules.signatures is not None:
+        # First: nothing a request asks is looked at before its sender is known.
+        refused = rules.signatures.refusal(msg.headers, msg.key, msg.value, request.signature)
+        if refused is not None:
+            return dead(DeadLetterReason.INVALID_SIGNATURE, f"invalid signature: {refused}")
     if request.order is not None:
         refused = _order_problem(request, rules)
         if refused is not None:

@@ -141,6 +141,7 @@ def test_the_contract_is_exactly_these_headers() -> None:
         "redrive-reason-code",
         "redrive-id",
         "redrive-order",
+        "redrive-signature",
     )
 
 
