@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from redrive.errors import ConfigError
 from redrive.header_fields import FIELD_OF, SIGNATURE, Header, is_redrive_header
@@ -53,10 +53,21 @@ def _field(data: bytes) -> bytes:
 _ABSENT: Final = b"-"
 """An absent key, value or header value: no field starts with it, so it is told apart
 from an empty one (``0:``)."""
-_NAMES: Final[dict[str, bytes]] = {
-    name: _field(name.encode()) for name in FIELD_OF if name != SIGNATURE
-}
-"""The contract's names, encoded once (the rest are encoded as they come)."""
+
+
+class _Heads(dict[str, bytes | None]):
+    """Header name -> its field, None for a header the MAC leaves out (the signature,
+    the user's headers); the contract's names encoded once, others as they come (and
+    not kept: anyone may write any name)."""
+
+    def __missing__(self, name: str) -> bytes | None:
+        if name == SIGNATURE or not is_redrive_header(name):
+            return None
+        return _field(name.encode("utf-8", "surrogatepass"))
+
+
+_HEADS: Final = _Heads({name: _field(name.encode()) for name in FIELD_OF})
+_HEADS[SIGNATURE] = None
 
 
 def canonical(headers: Iterable[Header], key: bytes | None, value: bytes | None) -> bytes:
@@ -66,14 +77,12 @@ def canonical(headers: Iterable[Header], key: bytes | None, value: bytes | None)
     Raises TypeError for a header value that is not bytes (the sender's mistake);
     :meth:`KeyRing.verify` reads a refusal into it instead.
     """
-    entries = []
-    for name, raw in headers:
-        head = _NAMES.get(name)
-        if head is None:
-            if name == SIGNATURE or not is_redrive_header(name):
-                continue
-            head = _field(name.encode("utf-8", "surrogatepass"))
-        entries.append(head + (_ABSENT if raw is None else b"%d:%b" % (len(raw), raw)))
+    heads = _HEADS
+    entries = [
+        head + (_ABSENT if raw is None else b"%d:%b" % (len(raw), raw))
+        for name, raw in headers
+        if (head := heads[name]) is not None
+    ]
     entries.sort()
     return b"%b%d:%b%b%b" % (
         _DOMAIN,
@@ -84,12 +93,23 @@ def canonical(headers: Iterable[Header], key: bytes | None, value: bytes | None)
     )
 
 
-@dataclass(frozen=True, slots=True)
+def _text(mac: bytes) -> bytes:
+    """A MAC as the signature writes it: URL-safe base64 without padding."""
+    return binascii.b2a_base64(mac, newline=False).translate(_URL_SAFE).rstrip(b"=")
+
+
+_URL_SAFE: Final = bytes.maketrans(b"+/", b"-_")
+
+
+@dataclass(frozen=True)
 class SigningKey:
     """One secret and the id that names it in signatures (never in logs: see repr)."""
 
     id: str
     secret: bytes = field(repr=False)
+    _pads: tuple[Any, Any] = field(init=False, repr=False, compare=False)
+    """HMAC's inner and outer hashes with the key's pads already absorbed (RFC 2104),
+    copied for each MAC: the key is not hashed again for every request."""
 
     def __post_init__(self) -> None:
         if _KEY_ID_RE.fullmatch(self.id) is None:
@@ -101,9 +121,33 @@ class SigningKey:
                 f"the secret of key {self.id!r} has {len(self.secret)} bytes; at least "
                 f"{MIN_SECRET_BYTES} are needed (e.g. openssl rand -base64 32)"
             )
+        block = self.secret
+        if len(block) > _BLOCK:  # HMAC hashes a key longer than the hash's block
+            block = hashlib.sha256(block).digest()
+        block = block.ljust(_BLOCK, b"\0")
+        inner = hashlib.sha256(block.translate(_IPAD))
+        outer = hashlib.sha256(block.translate(_OPAD))
+        object.__setattr__(self, "_pads", (inner, outer))
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Hash objects do not pickle (Spark ships the keys to its executors).
+        return (SigningKey, (self.id, self.secret))
 
     def mac(self, data: bytes) -> bytes:
-        return hmac.digest(self.secret, data, "sha256")
+        """HMAC-SHA256 of ``data`` with this key (``hmac.digest(secret, data, "sha256")``)."""
+        inner_pad, outer_pad = self._pads
+        inner = inner_pad.copy()
+        inner.update(data)
+        outer = outer_pad.copy()
+        outer.update(inner.digest())
+        mac: bytes = outer.digest()
+        return mac
+
+
+_BLOCK: Final = 64
+"""SHA-256's block size, in bytes."""
+_IPAD: Final = bytes(byte ^ 0x36 for byte in range(256))
+_OPAD: Final = bytes(byte ^ 0x5C for byte in range(256))
 
 
 class Verdict(Enum):
@@ -175,7 +219,7 @@ class KeyRing:
         """The ``redrive-signature`` value for a request of these headers, key and value."""
         current = self.current
         mac = current.mac(canonical(headers, key, value))
-        return f"{VERSION}:{current.id}:{base64.urlsafe_b64encode(mac).rstrip(b'=').decode()}"
+        return f"{VERSION}:{current.id}:{_text(mac).decode()}"
 
     def signed(
         self, headers: Sequence[Header], key: bytes | None, value: bytes | None
@@ -195,21 +239,21 @@ class KeyRing:
         none) is this ring's over the rest of the request. Never raises."""
         if signature is None:
             return _UNSIGNED
-        version, _, rest = signature.partition(":")
-        key_id, _, encoded = rest.partition(":")
-        if version != VERSION or not key_id or not encoded:
+        parts = signature.split(":")
+        if len(parts) != 3 or parts[0] != VERSION or not parts[1] or not parts[2]:
             return Verification(Verdict.MALFORMED, f"the signature is not {VERSION}:<key id>:<MAC>")
+        key_id = parts[1]
         signing_key = self._by_id.get(key_id)
         if signing_key is None:
             return Verification(
                 Verdict.UNKNOWN_KEY, f"the signature names key {key_id[:70]!r}, not one of ours"
             )
         try:
-            given = base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
+            given = parts[2].encode("ascii")
             expected = signing_key.mac(canonical(headers, key, value))
-        except (ValueError, TypeError, binascii.Error, UnicodeError):
+        except (ValueError, TypeError, UnicodeError):
             return Verification(Verdict.MALFORMED, "the signature or the headers are unreadable")
-        if not hmac.compare_digest(given, expected):
+        if not hmac.compare_digest(given, _text(expected)):
             return Verification(
                 Verdict.MISMATCH,
                 f"the signature (key {key_id!r}) does not match the request's headers, key "

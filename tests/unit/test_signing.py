@@ -237,3 +237,13 @@ def test_a_bad_key_file_names_its_setting(tmp_path: Path) -> None:
 def test_a_key_never_shows_its_secret() -> None:
     key = SigningKey("k1", b"s" * 32)
     assert "sss" not in repr(key) and "sss" not in repr(KeyRing((key,)))
+
+
+@given(st.binary(min_size=32, max_size=200), st.binary(max_size=300))
+def test_the_mac_is_hmac_sha256(secret_bytes: bytes, data: bytes) -> None:
+    import hmac
+    import pickle
+
+    signing_key = SigningKey("k", secret_bytes)
+    assert signing_key.mac(data) == hmac.digest(secret_bytes, data, "sha256")
+    assert pickle.loads(pickle.dumps(signing_key)).mac(data) == signing_key.mac(data)
