@@ -63,3 +63,22 @@ def test_the_command_takes_keys_from_its_options_or_the_environment() -> None:
     env = {"REDRIVE_SIGNING_KEYS": f'["e={secret}"]'}
     from_env = signing(plain, env)
     assert from_env is not None and from_env.ids == ("e",)
+
+
+def test_the_scheduler_ships_the_services_signature_check_to_its_executors() -> None:
+    from redrive.service.config import ServiceSettings
+    from redrive.spark.scheduler_rules import SchedulerRules
+
+    key = f"spark={base64.b64encode(b'k' * 32).decode()}"
+    settings = ServiceSettings(require_signatures=True, signing_keys=[key])
+    rules = SchedulerRules.checked(
+        requests_topic="reqs",
+        dlq_topic="dlq",
+        allowed_destinations=["*"],
+        max_delay_days=1,
+        admin_config={},
+        signatures=settings.signature_check(),
+    )
+    shipped = pickle.loads(pickle.dumps(rules))
+    assert shipped.signatures == SignatureCheck(KEYS, required=True)
+    assert shipped.signatures.refusal([], b"k", b"v", None) == "the request is not signed"
