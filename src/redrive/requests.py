@@ -47,7 +47,7 @@ from redrive.records import (
     RequestCoordinates,
     order_queue,
 )
-from redrive.signing import SignatureCheck
+from redrive.signing import SignatureCheck, without_signature
 
 SOURCE: Final = "intake"
 
@@ -190,13 +190,15 @@ def classify(
             f"{request.destination!r} has {partitions} partition(s)",
         )
     where = msg.coordinates
+    # Checked above, or not to be checked: either way not the consumer's to see.
+    headers = msg.headers if request.signature is None else without_signature(msg.headers)
     return PendingRetry(
         due_ms=request.retry_at,
         destination=request.destination,
         partition=request.partition,
         key=msg.key,
         value=msg.value,
-        headers=msg.headers,
+        headers=headers,
         attempt=request.attempt,
         group=request.group,
         deadline_ms=request.deadline,

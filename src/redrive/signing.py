@@ -101,6 +101,14 @@ def _text(mac: bytes) -> bytes:
 _URL_SAFE: Final = bytes.maketrans(b"+/", b"-_")
 
 
+def without_signature(headers: list[Header]) -> list[Header]:
+    """The headers but the signature: what a verified request is delivered with (the
+    signature was checked when it was read, and would say nothing to its consumer)."""
+    if headers and headers[-1][0] == SIGNATURE:  # where signers put it
+        return headers[:-1]
+    return [header for header in headers if header[0] != SIGNATURE]
+
+
 @dataclass(frozen=True)
 class SigningKey:
     """One secret and the id that names it in signatures (never in logs: see repr)."""

@@ -164,7 +164,9 @@ def judged(headers: list, check: SignatureCheck | None, value: bytes = b"v") -> 
 
 def test_required_signatures_refuse_all_but_a_valid_one() -> None:
     required = SignatureCheck(RING, required=True)
-    assert isinstance(judged(RING.signed(REQUEST, b"k", b"v"), required), PendingRetry)
+    accepted = judged(RING.signed(REQUEST, b"k", b"v"), required)
+    assert isinstance(accepted, PendingRetry)
+    assert accepted.headers == REQUEST  # delivered without the signature
     forged = [
         REQUEST,  # unsigned
         [*REQUEST, (SIGNATURE, b"v1:k1:AAAA")],  # a wrong one
@@ -187,8 +189,9 @@ def test_not_required_accepts_unsigned_and_unknown_but_not_a_mismatch_of_our_key
     letter = judged(RING.signed(REQUEST, b"k", b"v"), optional, value=b"changed")
     assert isinstance(letter, DeadLetterRecord)
     assert letter.reason_code is DeadLetterReason.INVALID_SIGNATURE
-    # without keys, nothing is checked
-    assert isinstance(judged(RING.signed(REQUEST, b"k", b"changed"), None), PendingRetry)
+    # without keys, nothing is checked (and the signature is not delivered either)
+    unchecked = judged([(SIGNATURE, b"v1:x:y"), *REQUEST], None)
+    assert isinstance(unchecked, PendingRetry) and unchecked.headers == REQUEST
 
 
 def test_keys_load_from_settings_files_and_folders(tmp_path: Path) -> None:
