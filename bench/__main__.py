@@ -179,6 +179,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
                         },
                     )
                 )
+            results += _signed_consumer(c["json"], paths)
             results += _share(stack.bootstrap, size["consumer_service"], rounds)
         if "spark" in chosen:
             results += _spark(stack.bootstrap, size["spark"])
@@ -209,6 +210,8 @@ def main(argv: list[str] | None = None) -> list[Result]:
 
 
 WORKER_COUNTS = (1, 2, 3)
+SIGNED_WORKER_COUNTS = (1, 2)
+"""The runs measured again with every request signed and signatures required."""
 
 
 def _groups(server_url: str, n: int) -> list[Result]:
@@ -250,6 +253,17 @@ def _service_end_to_end(
             runs.setdefault(f"w{workers}", []).append(
                 service.end_to_end(stack.bootstrap, stack.database_url, n, workdir, workers=workers)
             )
+            if workers in SIGNED_WORKER_COUNTS:  # its peer, right after it
+                runs.setdefault(f"w{workers} signed", []).append(
+                    service.end_to_end(
+                        stack.bootstrap,
+                        stack.database_url,
+                        n,
+                        workdir,
+                        workers=workers,
+                        signed=True,
+                    )
+                )
     ceiling, stored = _best_of(runs["relay"]), _best_of(runs["stored"])
     print(f"relay ceiling (the Kafka work of benchmark 2 alone): {ceiling}")
     print(f"relay through PostgreSQL (the least a stored retry costs): {stored}")
@@ -275,7 +289,53 @@ def _service_end_to_end(
                 _round(e2e),
             )
         )
+        if workers in SIGNED_WORKER_COUNTS:
+            signed = _best_of(runs[f"w{workers} signed"])
+            print(f"service end to end, {workers} worker(s), signed: {signed}")
+            cost = signed["of_unsigned"] = signed["per_s"] / e2e["per_s"]
+            signed["unsigned_per_s"] = e2e["per_s"]
+            results.append(
+                Result(
+                    f"2 service e2e, {workers} worker{'s' if workers > 1 else ''}, signed",
+                    f"{cost:.2f}x of the unsigned run",
+                    ">= 0.95x",
+                    cost >= 0.95,
+                    _round(signed),
+                )
+            )
     return results
+
+
+def _signed_consumer(
+    strategies: dict[str, dict[str, float]], paths: dict[str, dict[str, float]]
+) -> list[Result]:
+    """Benchmark 5's signed rows against their unsigned peers of the same run: the
+    service strategy's success path, and its 10% failing through a service that
+    requires signatures."""
+    rows = []
+    for name, signed, unsigned in (
+        (
+            "5 consumer service, signed vs unsigned",
+            strategies["service, signed"],
+            strategies["service"],
+        ),
+        (
+            "5 consumer service fail 10%, signed vs unsigned",
+            paths["service fail 10%, signed"],
+            paths["service fail 10%"],
+        ),
+    ):
+        cost = signed["per_s"] / unsigned["per_s"]
+        rows.append(
+            Result(
+                name,
+                f"{cost:.2f}x of the unsigned row",
+                ">= 0.95x",
+                cost >= 0.95,
+                {"per_s": round(signed["per_s"]), "unsigned_per_s": round(unsigned["per_s"])},
+            )
+        )
+    return rows
 
 
 def _with_pending(

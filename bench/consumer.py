@@ -34,7 +34,7 @@ from confluent_kafka import Consumer
 
 from bench.common import create_topic, fresh_database
 from bench.kafka_raw import CONSUMER_TUNING, produce
-from bench.service import service_process
+from bench.service import BENCH_KEYS, service_process
 from redrive import App, Message, Service, Topics
 
 _DOC: dict[str, Any] = {"id": 1, "items": [{"sku": f"A-{i}", "qty": i} for i in range(30)]}
@@ -43,8 +43,10 @@ PAYLOAD = json.dumps(_DOC).encode()  # valid JSON, exactly 1 KiB
 WORK: dict[str, Callable[[bytes], Any]] = {"noop": len, "json": json.loads}
 
 STRATEGIES = ("blocking", "pause", "topics", "service")
-VARIANTS = (*STRATEGIES, "async", "batch")
-"""The rows: a plain handler with each strategy, then an async and a batch handler."""
+VARIANTS = (*STRATEGIES, "service, signed", "async", "batch")
+"""The rows: a plain handler with each strategy (and the service's again with
+``App(signing=...)``: its success path writes no request, so nothing is signed), then
+an async and a batch handler."""
 FAILURE_PATHS = (
     "txn",
     "fail 10%",
@@ -71,12 +73,14 @@ at least one commit interval (its retry's copy is read once its transaction comm
 SERVICE_PATHS = (
     "service",
     "service fail 10%",
+    "service fail 10%, signed",
     "service fail 10%, key order",
 )
 """Rows through a running retry service, strategy `service`, JSON handler: the success
 path, 10% of records failing once (retried through the service, 100 ms), and the same
 with ``ordering="key"`` (the later records of a failed record's key wait behind it,
-through the service too); each as a ratio to the first."""
+through the service too); each as a ratio to the first. The signed row is the second
+with every request signed by the App and signatures required by the service."""
 
 
 class Flaky(Exception):
@@ -136,6 +140,7 @@ def app_loop(
         consumer_kafka=CONSUMER_TUNING,
         transactional="txn" in variant,
         requests_topic=requests_topic,
+        signing=BENCH_KEYS if "signed" in variant else None,
     )
     state = {"seen": 0, "started": 0.0}
     done = threading.Event()
@@ -172,7 +177,7 @@ def app_loop(
         )
     elif variant in FAILURE_PATHS or variant in TIER_ORDER_PATHS[1:]:
         app.add_handler(topic, handler, policy="100ms", strategy=Topics(ordering=ordering))
-    elif variant in SERVICE_PATHS:
+    elif variant in SERVICE_PATHS or variant == "service, signed":
         app.add_handler(topic, handler, policy="100ms", strategy=Service(ordering=ordering))
     else:
         app.add_handler(topic, handler, policy="1s", strategy=variant)  # type: ignore[arg-type]
@@ -238,7 +243,12 @@ def service_paths(
             produce(bootstrap, topic, n, payload=PAYLOAD)
             name = f"consumer-{len(best)}-{uuid.uuid4().hex[:6]}"
             service, requests_topic = service_process(
-                bootstrap, fresh_database(server_url), topic, workdir, name
+                bootstrap,
+                fresh_database(server_url),
+                topic,
+                workdir,
+                name,
+                signed="signed" in variant,
             )
             with service:
                 elapsed = app_loop(bootstrap, topic, n, variant, json.loads, requests_topic)

@@ -6,6 +6,7 @@ stack; requests are produced with confluent-kafka and the destination is read ba
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 import re
@@ -16,6 +17,7 @@ import urllib.request
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from typing import Final
 
 import psycopg
 from confluent_kafka import Consumer, ConsumerGroupState, Producer
@@ -38,6 +40,7 @@ from redrive.headers import RetryHeaders, encode
 from redrive.kafka import consume_available
 from redrive.service.store import Store
 from redrive.service.store.packed_headers import pack_headers
+from redrive.signing import KeyRing
 
 PAYLOAD = b"x" * 1024
 RELAY_LINGER_MS = 5
@@ -113,16 +116,34 @@ def wait_for_group(bootstrap: str, group: str, members: int, timeout_s: float = 
     raise RuntimeError(f"group {group} not stable with {members} members in {timeout_s} s")
 
 
-def _requests(destination: str, n: int, due: list[int]) -> list[tuple[bytes, list]]:  # type: ignore[type-arg]
-    return [
+BENCH_KEY: Final = "bench=" + base64.b64encode(b"redrive benchmark key, 32 bytes!").decode()
+"""The signed runs' key: the senders sign with it, the service requires it."""
+BENCH_KEYS: Final = KeyRing.from_settings([BENCH_KEY])
+
+
+def _requests(
+    destination: str, n: int, due: list[int], signing: KeyRing | None = None
+) -> list[tuple[bytes, list]]:  # type: ignore[type-arg]
+    requests = [
         (str(i).encode(), encode(RetryHeaders(destination=destination, retry_at=due[i])))
         for i in range(n)
     ]
+    if signing is None:
+        return requests
+    return [(key, signing.signed(headers, key, PAYLOAD)) for key, headers in requests]
 
 
 def service_process(
-    bootstrap: str, database_url: str, destination: str, workdir: Path, name: str
+    bootstrap: str,
+    database_url: str,
+    destination: str,
+    workdir: Path,
+    name: str,
+    *,
+    signed: bool = False,
 ) -> tuple[ServiceProcess, str]:
+    """A retry service for a benchmark; ``signed``: it requires every request signed
+    with :data:`BENCH_KEY`."""
     requests_topic = create_topic(bootstrap, "bench-requests", 6)
     env = {
         "REDRIVE_BOOTSTRAP": bootstrap,
@@ -133,6 +154,9 @@ def service_process(
         "REDRIVE_INTAKE_BATCH_SIZE": "2000",
         "REDRIVE_SCHEDULER_BATCH_SIZE": "2000",
     }
+    if signed:
+        env["REDRIVE_SIGNING_KEYS"] = json.dumps([BENCH_KEY])
+        env["REDRIVE_REQUIRE_SIGNATURES"] = "true"
     return ServiceProcess(env, workdir / f"{name}.log"), requests_topic
 
 
@@ -143,6 +167,7 @@ def _send_and_read_back(
     n: int,
     cpu: CpuMeter,
     while_waiting: Callable[[], None] = lambda: None,
+    signing: KeyRing | None = None,
 ) -> tuple[float, float, dict[str, float]]:
     """Produce N requests due now, wait until all N are on `destination`; returns
     (seconds until the last arrived, seconds the producing took), from the first send,
@@ -155,7 +180,8 @@ def _send_and_read_back(
     producer = Producer({"bootstrap.servers": bootstrap, **PRODUCER_TUNING})
     # Requests are prepared before the clock starts, as the raw benchmark's payload is.
     requests = [
-        (requests_topic, key, PAYLOAD, h) for key, h in _requests(destination, n, [now_ms()] * n)
+        (requests_topic, key, PAYLOAD, h)
+        for key, h in _requests(destination, n, [now_ms()] * n, signing)
     ]
     cpu.start()
     started = time.perf_counter()
@@ -178,13 +204,18 @@ def end_to_end(
     workdir: Path,
     database_url: str | None = None,
     workers: int = 1,
+    signed: bool = False,
 ) -> dict[str, float]:
     """N requests due immediately: produce -> intake -> PostgreSQL -> scheduler -> read,
     through one `redrive serve` with `workers` workers (whole services as processes) on
-    one database (a fresh one unless `database_url` is given)."""
+    one database (a fresh one unless `database_url` is given). ``signed``: every
+    request signed (before the clock starts, as they are all prepared), and the service
+    requiring signatures."""
     destination = create_topic(bootstrap, "bench-dest", 6)
     database = database_url or fresh_database(server_url)
-    serve, requests_topic = service_process(bootstrap, database, destination, workdir, "e2e")
+    serve, requests_topic = service_process(
+        bootstrap, database, destination, workdir, "e2e", signed=signed
+    )
     serve.env["REDRIVE_WORKERS"] = str(workers)
     # The Kafka clients tuned as the relays' are (through the service's own settings):
     # the ratio compares what each does per message, not their librdkafka defaults.
@@ -213,7 +244,7 @@ def end_to_end(
             serve.sample_rss()
 
         done, produced_s, cpu_us = _send_and_read_back(
-            bootstrap, requests_topic, destination, n, cpu, watch
+            bootstrap, requests_topic, destination, n, cpu, watch, BENCH_KEYS if signed else None
         )
         serve.sample_rss()  # once more: a run can end before `watch` was first called
     delete_topics(bootstrap, [requests_topic, destination])

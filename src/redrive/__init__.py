@@ -15,6 +15,7 @@ from redrive.consumer import (
     Topics,
 )
 from redrive.policy import FatalError, Policy, RetryableError, policy
+from redrive.signing import KeyRing
 
 __version__ = "0.1.0"
 
@@ -26,6 +27,7 @@ __all__ = [
     "DeadLetterBrake",
     "DeserializationError",
     "FatalError",
+    "KeyRing",
     "Message",
     "Pause",
     "Policy",

@@ -329,6 +329,7 @@ def spark_scheduler(
             master=master,
             spark_conf=spark_conf,
             metrics_port=metrics_port,
+            signatures=settings.signature_check(),
         )
     typer.echo("redrive spark scheduler: stopped")
 

@@ -47,6 +47,7 @@ from redrive.header_fields import (
     REQUIRED_HEADERS,
     RETRY_AT,
     SEND_TO,
+    SIGNATURE,
     Header,
     HeaderError,
     RetryHeaders,
@@ -194,6 +195,9 @@ _FAST_RULES: Final[dict[str, _Rule]] = {
     REASON_CODE: _rule(REASON_CODE, _GIVE_UP),
     REPLAYS: _rule(REPLAYS, _INT, 0, MAX_INT32),
     REPLAY_OF: _rule(REPLAY_OF, _INT, 0, MAX_INT64),
+    # Its form and MAC are redrive.signing's to judge: here it is text, as the careful
+    # path's _check_text asks.
+    SIGNATURE: _rule(SIGNATURE, _TEXT),
 }
 _TOPIC_BYTES: Final = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-"
 """The characters of header_fields._TOPIC_RE: bytes made only of them strip to nothing."""
@@ -306,6 +310,9 @@ def read_delivery_headers(headers: Iterable[Header] | None) -> RetryHeaders | No
             values.pop(field_name, None)
     if any(FIELD_OF[h] not in values for h in REQUIRED_HEADERS):
         return None
+    # The signature was the request's, over the request as it was: whoever writes one
+    # again from this delivery signs it again (or sends it unsigned), never with it.
+    values.pop(FIELD_OF[SIGNATURE], None)
     while True:  # drop invalid fields one at a time until the rest is valid
         try:
             return RetryHeaders(**values)  # type: ignore[arg-type]

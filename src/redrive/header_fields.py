@@ -50,6 +50,11 @@ ID: Final = "redrive-id"
 ORDER: Final = "redrive-order"
 REPLAYS: Final = "redrive-replays"
 REPLAY_OF: Final = "redrive-replay-of"
+SIGNATURE: Final = "redrive-signature"
+"""The sender's signature of the request (:mod:`redrive.signing`): an HMAC over the
+other redrive headers, the key and the value's digest. Checked by the receiver of the
+requests topic; never kept by a delivery's reader (:func:`read_delivery_headers`), so a
+request written again from a delivery is signed again or not at all."""
 DEAD_LETTER_REASON: Final = "redrive-dead-letter-reason"
 """Not part of a request: added to a dead letter published to a DLQ topic (by the
 retry service's ``mirror_dead_letters`` and the Spark scheduler), saying why it is
@@ -76,6 +81,7 @@ FIELD_OF: Final[dict[str, str]] = {
     ORDER: "order",
     REPLAYS: "replays",
     REPLAY_OF: "replay_of",
+    SIGNATURE: "signature",
 }
 """Header name -> :class:`RetryHeaders` field, in the order ``encode()`` writes them."""
 
@@ -307,6 +313,9 @@ class RetryHeaders(FailureHistory):
     """Why the consumer gave up, for machines (with ``send_to="dlq"`` only): a fatal
     error, its attempts or its deadline spent. The retry service stores it as the
     dead letter's reason code; None (a sender that writes none): ``sent_to_dlq``."""
+    signature: str | None = None
+    """``v1:<key id>:<MAC>``, written by a sender that signs (:mod:`redrive.signing`,
+    which alone judges it); here only text within its cap. None: unsigned."""
 
     def __post_init__(self) -> None:
         # decode() skips these checks for what it has read (see _FAST_RULES in
@@ -345,7 +354,11 @@ class RetryHeaders(FailureHistory):
             _check_topic(ORIGINAL_TOPIC, self.original_topic)
         if self.id is not None:
             _check_id(self.id)
-        for header, text in ((GROUP, self.group), (ERROR_TYPE, self.error_type)):
+        for header, text in (
+            (GROUP, self.group),
+            (ERROR_TYPE, self.error_type),
+            (SIGNATURE, self.signature),
+        ):
             if text is not None:
                 _check_text(header, text)
         # Capped here rather than rejected, so callers can pass str(exc) as it is.

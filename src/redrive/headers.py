@@ -67,6 +67,7 @@ from redrive.header_fields import REPLAYS as REPLAYS
 from redrive.header_fields import REQUIRED_HEADERS as REQUIRED_HEADERS
 from redrive.header_fields import RETRY_AT as RETRY_AT
 from redrive.header_fields import SEND_TO as SEND_TO
+from redrive.header_fields import SIGNATURE as SIGNATURE
 from redrive.header_fields import TRUNCATED_PREFIX as TRUNCATED_PREFIX
 from redrive.header_fields import TRUNCATED_SUFFIX as TRUNCATED_SUFFIX
 from redrive.header_fields import FailureHistory as FailureHistory

@@ -30,6 +30,9 @@ class DeadLetterReason(StrEnum):
     PARTITION_OUT_OF_RANGE = "partition_out_of_range"
     EMPTY_VALUE = "empty_value"
     RETRY_AT_TOO_FAR = "retry_at_too_far"
+    INVALID_SIGNATURE = "invalid_signature"
+    """Its signature is missing (where signatures are required), malformed, of an
+    unknown key, or does not match the request (:mod:`redrive.signing`)."""
 
     SENT_TO_DLQ = "sent_to_dlq"
     """Its consumer gave up (``redrive-send-to: dlq``) without saying which of the

@@ -47,6 +47,7 @@ from redrive.records import (
     RequestCoordinates,
     order_queue,
 )
+from redrive.signing import SignatureCheck, without_signature
 
 SOURCE: Final = "intake"
 
@@ -91,6 +92,8 @@ class IntakeRules:
     keeps_order: bool = True
     """Whether the reader keeps a key's queue (``redrive-order``): the retry service
     does, the Spark scheduler does not, and refuses what would need it."""
+    signatures: SignatureCheck | None = None
+    """What is asked of a request's ``redrive-signature``; None: nothing (no keys)."""
 
 
 def classify(
@@ -112,6 +115,11 @@ def classify(
     def dead(code: DeadLetterReason, reason: str) -> DeadLetterRecord:
         return _dead(msg, request, code, reason)
 
+    if rules.signatures is not None:
+        # First: nothing a request asks is looked at before its sender is known.
+        refused = rules.signatures.refusal(msg.headers, msg.key, msg.value, request.signature)
+        if refused is not None:
+            return dead(DeadLetterReason.INVALID_SIGNATURE, f"invalid signature: {refused}")
     if request.order is not None:
         refused = _order_problem(request, rules)
         if refused is not None:
@@ -182,13 +190,15 @@ def classify(
             f"{request.destination!r} has {partitions} partition(s)",
         )
     where = msg.coordinates
+    # Checked above, or not to be checked: either way not the consumer's to see.
+    headers = msg.headers if request.signature is None else without_signature(msg.headers)
     return PendingRetry(
         due_ms=request.retry_at,
         destination=request.destination,
         partition=request.partition,
         key=msg.key,
         value=msg.value,
-        headers=msg.headers,
+        headers=headers,
         attempt=request.attempt,
         group=request.group,
         deadline_ms=request.deadline,

@@ -49,10 +49,18 @@ def test_every_benchmark_but_spark_runs_and_reports_its_figures(tmp_path: Path) 
         "2 service e2e, 1 worker",
         "2 service e2e, 2 workers",
         "2 service e2e, 3 workers",
+        "2 service e2e, 1 worker, signed",
+        "2 service e2e, 2 workers, signed",
         "3 scheduling precision",
         "4 5,000 pending",
         "4 e2e, 5,000 pending",
-        *(f"5 consumer {s}" for s in ("blocking", "pause", "topics", "service", "async", "batch")),
+        *(
+            f"5 consumer {s}"
+            for s in ("blocking", "pause", "topics", "service", "service, signed", "async", "batch")
+        ),
+        "5 consumer service, signed vs unsigned",
+        "5 consumer service fail 10%, signed",
+        "5 consumer service fail 10%, signed vs unsigned",
         "5 consumer txn",
         "5 consumer fail 10%",
         "5 consumer fail 10%, txn",

@@ -143,6 +143,7 @@ def test_the_contract_is_exactly_these_headers() -> None:
         "redrive-order",
         "redrive-replays",
         "redrive-replay-of",
+        "redrive-signature",
     )
 
 

@@ -24,6 +24,7 @@ def test_the_codes_are_the_stored_values() -> None:
         "PARTITION_OUT_OF_RANGE": "partition_out_of_range",
         "EMPTY_VALUE": "empty_value",
         "RETRY_AT_TOO_FAR": "retry_at_too_far",
+        "INVALID_SIGNATURE": "invalid_signature",
         "SENT_TO_DLQ": "sent_to_dlq",
         "DELIVERY_FAILED": "delivery_failed",
         "CANCELLED": "cancelled",

@@ -48,6 +48,7 @@ from redrive.consumer.session import Session
 from redrive.consumer.settings import AppSettings, DeadLetterHook, Hooks, Polling, RetryHook
 from redrive.consumer.strategies.pause import BreakerHook
 from redrive.partitioners import DEFAULT_PARTITIONER, Partitioner, PartitionerName
+from redrive.signing import KeyRing
 
 __all__ = [
     "App",
@@ -95,6 +96,11 @@ class App(Registry, Running):
     the App remembers, to skip a repeat delivery of one (0: none); see
     :mod:`redrive.consumer.repeats`.
 
+    ``signing``: the keys (:class:`redrive.signing.KeyRing`, e.g.
+    ``KeyRing.from_settings(["k1=<base64 secret>"])``) the App signs everything it
+    writes to the requests topic with (``redrive-signature``: docs/signing.md); by
+    default REDRIVE_SIGNING_KEYS and REDRIVE_SIGNING_KEY_FILES, else unsigned.
+
     ``max_poll_records``: the most records one poll takes (Kafka's
     ``max.poll.records``); the loop deals with them before it polls again.
 
@@ -127,6 +133,7 @@ class App(Registry, Running):
         on_retry: RetryHook | None = None,
         on_dead_letter: DeadLetterHook | None = None,
         on_breaker: BreakerHook | None = None,
+        signing: KeyRing | None = None,
         registry: CollectorRegistry | None = None,
         metrics_port: int | None = None,
         # Loopback by default, like the retry service's HTTP port (SECURITY.md): what
@@ -148,6 +155,7 @@ class App(Registry, Running):
                 max_poll_records, poll_timeout_s, commit_interval_s, checked_bound(max_in_flight)
             ),
             hooks=Hooks(on_retry, on_dead_letter, on_breaker),
+            signing=signing,
         )
         Registry.__init__(self, settings)
         Running.__init__(self, ConsumerMetrics(registry), metrics_port, metrics_host)

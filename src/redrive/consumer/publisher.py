@@ -17,6 +17,7 @@ from confluent_kafka import KafkaError, Message, Producer
 
 from redrive.headers import Header, RetryHeaders, encode
 from redrive.kafka import produce_patiently
+from redrive.signing import KeyRing
 
 log = structlog.get_logger("redrive.consumer")
 
@@ -93,3 +94,41 @@ class Publisher:
                 raise HandOffFailed(
                     f"{self.in_flight + len(self._failed)} hand-offs unacknowledged"
                 )
+
+
+class SigningPublisher(Publisher):
+    """A publisher whose every record to the requests topic is signed with ``keys``
+    (:mod:`redrive.signing`): retries, dead letters for the service, a key's records
+    put behind and its releases. What goes elsewhere (tiers, DLQ topics) is not."""
+
+    def __init__(
+        self, producer: Producer, stop: threading.Event, keys: KeyRing, requests_topic: str
+    ) -> None:
+        super().__init__(producer, stop)
+        self._keys = keys
+        self._requests_topic = requests_topic
+
+    def send(
+        self,
+        topic: str,
+        *,
+        key: bytes | None,
+        value: bytes | None,
+        user_headers: list[Header],
+        redrive: RetryHeaders,
+        partition: int | None = None,
+    ) -> None:
+        headers = encode(redrive, user_headers)
+        if topic == self._requests_topic:
+            headers = self._keys.signed(headers, key, value)
+        self._produce(_Outgoing(topic, key, value, headers, partition))
+
+
+def publisher_for(
+    producer: Producer, stop: threading.Event, keys: KeyRing | None, requests_topic: str
+) -> Publisher:
+    """The App's publisher: signing what it writes to the requests topic when it has
+    keys (and then only: the unsigned path stays as it was)."""
+    if keys is None:
+        return Publisher(producer, stop)
+    return SigningPublisher(producer, stop, keys, requests_topic)

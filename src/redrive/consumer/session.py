@@ -36,7 +36,7 @@ from redrive.consumer.offsets import OffsetTracker
 from redrive.consumer.outcomes import Outcomes
 from redrive.consumer.pauses import PauseBook
 from redrive.consumer.pipeline import Pipeline
-from redrive.consumer.publisher import Publisher
+from redrive.consumer.publisher import publisher_for
 from redrive.consumer.repeats import RecentIds
 from redrive.consumer.routes import Kind, Route
 from redrive.consumer.settings import AppSettings
@@ -84,7 +84,7 @@ class Session:
             if settings.transactional
             else None,
         )
-        publisher = Publisher(self.producer, stop)
+        publisher = publisher_for(self.producer, stop, settings.signing, settings.requests_topic)
         hooks = settings.hooks
         breakers = Breakers.of(
             ((r.topic, r.breaker) for r in routes.values()), metrics, hooks.on_breaker

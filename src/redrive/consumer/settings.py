@@ -19,6 +19,7 @@ from redrive.consumer.strategies.pause import BreakerHook
 from redrive.membership import static_membership
 from redrive.partitioners import Partitioner, PartitionerName
 from redrive.policy import DeadLetter, Retry
+from redrive.signing import KeyRing
 from redrive.topic_names import REQUESTS_TOPIC
 
 RetryHook = Callable[[Message, Retry, BaseException], None]
@@ -60,6 +61,8 @@ class AppSettings:
     repeat_window: int
     polling: Polling
     hooks: Hooks
+    signing: KeyRing | None = None
+    """The keys the App signs what it writes to the requests topic with; None: unsigned."""
     consumer_config: Mapping[str, Any] = field(init=False)
     """The consumer's settings as librdkafka gets them (``kafka`` then ``consumer_kafka``)."""
 
@@ -81,11 +84,13 @@ class AppSettings:
         repeat_window: int,
         polling: Polling,
         hooks: Hooks,
+        signing: KeyRing | None = None,
     ) -> AppSettings:
         """The settings as a consumer's keyword arguments give them: the bootstrap
-        servers and requests topic from the environment unless given
-        (REDRIVE_BOOTSTRAP, REDRIVE_REQUESTS_TOPIC), each value checked (a
-        ConfigError naming the setting)."""
+        servers, requests topic and signing keys from the environment unless given
+        (REDRIVE_BOOTSTRAP, REDRIVE_REQUESTS_TOPIC, REDRIVE_SIGNING_KEYS and
+        REDRIVE_SIGNING_KEY_FILES), each value checked (a ConfigError naming the
+        setting)."""
         kafka = dict(kafka or {})
         return cls(
             bootstrap=bootstrap or os.environ.get("REDRIVE_BOOTSTRAP", "localhost:9092"),
@@ -100,4 +105,5 @@ class AppSettings:
             repeat_window=checked_window(repeat_window),
             polling=polling,
             hooks=hooks,
+            signing=signing if signing is not None else KeyRing.from_environment(os.environ),
         )

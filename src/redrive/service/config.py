@@ -26,6 +26,7 @@ from redrive.errors import ConfigError
 from redrive.headers import MAX_TOPIC_LENGTH, is_topic_name
 from redrive.partitioners import DEFAULT_PARTITIONER, Partitioner, raw_partitioner
 from redrive.service.ingest import Format
+from redrive.signing import SignatureCheck, key_ring
 from redrive.topic_names import DLQ_TOPIC, REQUESTS_TOPIC
 
 Role = Literal["intake", "scheduler"]
@@ -110,6 +111,24 @@ class ServiceSettings(BaseSettings):
         default_factory=lambda: ["*"],
         description="Topic names or glob patterns a request may target. Internal topics "
         "(__*) and the requests topic are always refused.",
+    )
+    require_signatures: bool = Field(
+        False,
+        description="Refuse every request without a valid redrive-signature (a dead letter "
+        "with reason invalid_signature, delivered nowhere). Off: unsigned requests are "
+        "accepted, and a signature naming one of signing_keys must still verify.",
+    )
+    signing_keys: list[str] = Field(
+        default_factory=list,
+        repr=False,
+        description="Keys requests are verified with, as id=secret (secret in base64, at "
+        'least 32 bytes), e.g. ["k2026b=...", "k2026a=..."]. Keep an old key listed '
+        "while requests signed with it may still arrive.",
+    )
+    signing_key_files: list[str] = Field(
+        default_factory=list,
+        description="Files of id=secret lines, or folders of one file per key (named by "
+        "its key id), read at start-up along with signing_keys.",
     )
     group_id: str = "redrive-service"
     instance_id: str | None = Field(
@@ -213,6 +232,32 @@ class ServiceSettings(BaseSettings):
                 )
         return self
 
+    @field_validator("signing_keys")
+    @classmethod
+    def _signing_keys(cls, value: list[str]) -> list[str]:
+        try:
+            key_ring(value)
+        except ConfigError as exc:  # the secret itself never goes in the message
+            raise ValueError(exc.problem) from None
+        return value
+
+    @model_validator(mode="after")
+    def _signatures(self) -> ServiceSettings:
+        self.signature_check()  # a bad key file stops start-up here, naming the setting
+        if self.require_signatures and not (self.signing_keys or self.signing_key_files):
+            raise ConfigError(
+                "require_signatures (REDRIVE_REQUIRE_SIGNATURES)",
+                "signatures are required, and no key is given to check them with",
+                "set signing_keys (REDRIVE_SIGNING_KEYS) or signing_key_files",
+            )
+        return self
+
+    def signature_check(self) -> SignatureCheck | None:
+        """What intake asks of each request's signature; None without keys (nothing to
+        check)."""
+        keys = key_ring(self.signing_keys, self.signing_key_files)
+        return None if keys is None else SignatureCheck(keys, self.require_signatures)
+
     def ingest_format(self, topic: str) -> Format | None:
         """How intake reads a record of ``topic``: None for the requests topic, else the
         format of the first ``ingest`` entry that names it."""
@@ -314,6 +359,10 @@ def default_instance_id(host: str, port: int) -> str:
     return f"redrive-{safe}-{port}"
 
 
+SECRET_SETTINGS = frozenset({"signing_keys", "settings"})
+"""Settings whose values an error never quotes ("settings": the model's own checks)."""
+
+
 def load_settings(config_file: Path | None = None, **overrides: Any) -> ServiceSettings:
     """Load and validate; a problem becomes a ConfigError naming the setting."""
     if config_file is not None:
@@ -329,9 +378,10 @@ def load_settings(config_file: Path | None = None, **overrides: Any) -> ServiceS
         where = f"{field} ({env})" if env else field
         count = len(exc.errors())
         more = f" (and {count - 1} more problem(s))" if count > 1 else ""
+        given = "" if field in SECRET_SETTINGS else f"; got {first.get('input')!r}"
         raise ConfigError(
             where,
-            f"{first['msg']}; got {first.get('input')!r}{more}",
+            f"{first['msg']}{given}{more}",
             "fix the environment variable or the YAML config file",
         ) from None
     except (OSError, ValueError) as exc:  # an unreadable or malformed YAML file

@@ -215,6 +215,7 @@ class RetryService:
                 destination_allowed=functools.lru_cache(maxsize=4096)(s.destination_allowed),
                 partitions_of=metadata.partitions_of,
                 max_delay_ms=int(s.max_delay_days * 86_400_000),
+                signatures=s.signature_check(),
             )
             self.intake = Intake(
                 s,

@@ -54,6 +54,7 @@ from functools import partial
 from typing import Any, Final, Unpack
 
 from redrive.policy import PolicyOptions, policy_among
+from redrive.signing import KeyRing
 from redrive.spark.batches import handle_batch, handle_batches
 from redrive.spark.delivery import EXACTLY_ONCE, AtLeastOnce, Delivery, ExactlyOnce
 from redrive.spark.exactly_once import STATS_SCHEMA, TransactionalTarget, write_exactly_once
@@ -97,6 +98,8 @@ class RetryOptions(PolicyOptions, total=False):
     dead_letters: DeadLetterTarget
     """``"service"`` (default) or ``"topic"``."""
     dlq_topic: str | None
+    signing: KeyRing | None
+    """The keys its requests to the retry service are signed with (docs/signing.md)."""
 
 
 RENAMED: Final = {"per_group_retry_topic": "per_group_topic"}
@@ -149,7 +152,9 @@ def _record_handler(
         dead_letters=options.get("dead_letters", "service"),
         dlq_topic=options.get("dlq_topic"),
     )
-    return RecordHandler(handler, policy_among(policy, options), destinations)
+    return RecordHandler(
+        handler, policy_among(policy, options), destinations, signing=options.get("signing")
+    )
 
 
 def _source(df: Any) -> Any:

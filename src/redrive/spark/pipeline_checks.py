@@ -11,6 +11,7 @@ from redrive.errors import ConfigError
 from redrive.headers import MAX_TOPIC_LENGTH, is_topic_name
 from redrive.policy import Policy, PolicyError
 from redrive.policy import policy as make_policy
+from redrive.signing import KeyRing, key_ring
 from redrive.spark.handler_import import import_exception_classes
 from redrive.spark.record_handler import Destinations
 
@@ -140,3 +141,17 @@ def max_offsets(value: int | None) -> int | None:
             "give 1 or more (records per micro-batch, over all source partitions)",
         )
     return value
+
+
+def signing(settings: PipelineSettings, environ: Mapping[str, str]) -> KeyRing | None:
+    """The keys the pipeline signs with: ``--signing-key`` and ``--signing-key-file``,
+    else the environment's (as an App's); a ConfigError naming the option when one is
+    bad."""
+    if settings.signing_keys or settings.signing_key_files:
+        return key_ring(
+            settings.signing_keys,
+            settings.signing_key_files,
+            setting="--signing-key",
+            files_setting="--signing-key-file",
+        )
+    return KeyRing.from_environment(environ)

@@ -105,7 +105,14 @@ def check(
     kafka_options = spark_kafka_options(broker.client_config)
     pipeline_checks.check_topics_exist(broker, pipeline_checks.topics(settings, destinations))
     return CheckedPipeline(
-        settings, handler, pipeline_policy, broker, chosen_master, spark_conf, kafka_options
+        settings,
+        handler,
+        pipeline_policy,
+        broker,
+        chosen_master,
+        spark_conf,
+        kafka_options,
+        pipeline_checks.signing(settings, os.environ),
     )
 
 
@@ -147,6 +154,7 @@ def _run(checked: CheckedPipeline) -> None:
             per_group_topic=s.per_group_topic,
             dead_letters=s.dead_letters,
             dlq_topic=s.dlq_topic,
+            signing=checked.signing,
         )
         typer.echo(
             f"redrive spark pipeline: {s.handler} on kafka {checked.broker.bootstrap}: "
@@ -299,6 +307,23 @@ def command(resolve_broker: BrokerResolver) -> Callable[..., None]:
                 show_default=False,
             ),
         ] = None,
+        signing_key: Annotated[
+            list[str] | None,
+            typer.Option(
+                help="A key its requests to the retry service are signed with, "
+                "id=base64 secret (the first given signs); repeatable. Unset: "
+                "REDRIVE_SIGNING_KEYS. See docs/signing.md.",
+                show_default=False,
+            ),
+        ] = None,
+        signing_key_file: Annotated[
+            list[str] | None,
+            typer.Option(
+                help="A file of id=secret lines, or a folder of one file per key; "
+                "repeatable. Unset: REDRIVE_SIGNING_KEY_FILES.",
+                show_default=False,
+            ),
+        ] = None,
     ) -> None:
         """Run a handler on Kafka records as a Spark query, with retries and dead letters.
 
@@ -327,6 +352,8 @@ def command(resolve_broker: BrokerResolver) -> Callable[..., None]:
             spark_conf=tuple(conf or ()),
             kafka=tuple(kafka or ()),
             metrics_port=metrics_port,
+            signing_keys=tuple(signing_key or ()),
+            signing_key_files=tuple(signing_key_file or ()),
         )
         run(check(settings, master=master, bootstrap=bootstrap, resolve_broker=resolve_broker))
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from redrive.policy import Policy
+from redrive.signing import KeyRing
 from redrive.spark.record_handler import DeadLetterTarget, Handler
 from redrive.topic_names import REQUESTS_TOPIC
 
@@ -66,6 +67,10 @@ class PipelineSettings:
     kafka: tuple[str, ...] = ()
     """``--kafka key=value`` (librdkafka's names), as given."""
     metrics_port: int | None = None
+    signing_keys: tuple[str, ...] = ()
+    """``--signing-key id=secret``, as given."""
+    signing_key_files: tuple[str, ...] = ()
+    """``--signing-key-file PATH``, as given."""
 
 
 @dataclass(frozen=True)
@@ -81,3 +86,5 @@ class CheckedPipeline:
     spark_conf: Mapping[str, str] = field(default_factory=dict)
     kafka_options: Mapping[str, str] = field(default_factory=dict)
     """The broker's client settings as Spark's Java client takes them."""
+    signing: KeyRing | None = None
+    """The keys its requests are signed with: the options', else the environment's."""

@@ -31,6 +31,7 @@ from redrive.router import (
     SourceRecord,
     read_delivery,
 )
+from redrive.signing import KeyRing
 from redrive.spark.output import OutputRecord
 from redrive.topic_names import REQUESTS_TOPIC, dead_letter_topic, per_group_retry_topic
 
@@ -104,12 +105,15 @@ class RecordHandler:
 
     This is what the executors run for each record; it is separate from Spark so that
     its routing can be read and tested on its own. ``clock`` returns epoch ms.
+    ``signing``: the keys what goes to the requests topic is signed with (retry
+    requests, and dead letters for the service); None: unsigned.
     """
 
     handler: Handler
     policy: Policy
     destinations: Destinations
     clock: Clock = field(default=now_ms, compare=False)
+    signing: KeyRing | None = field(default=None, compare=False)
 
     def __call__(self, record: SourceRecord) -> OutputRecord | None:
         delivery, user_headers, attempt = self.delivery(record.headers)
@@ -178,9 +182,10 @@ class RecordHandler:
                 outcome.request,
                 outcome.target.partition,
             )
-        return OutputRecord(
-            topic, record.key, record.value, encode(headers, user_headers), partition
-        )
+        written = encode(headers, user_headers)
+        if self.signing is not None and topic == destinations.requests_topic:
+            written = self.signing.signed(written, record.key, record.value)
+        return OutputRecord(topic, record.key, record.value, written, partition)
 
 
 def as_output_value(result: object) -> bytes | None:

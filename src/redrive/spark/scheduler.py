@@ -57,6 +57,7 @@ from redrive.errors import ConfigError
 from redrive.headers import DESTINATION, Header
 from redrive.records import DeadLetterRecord, Release
 from redrive.requests import Incoming, IntakeRules, classify
+from redrive.signing import SignatureCheck
 from redrive.spark.delivery import EXACTLY_ONCE, Delivery
 from redrive.spark.due_index import DueIndex, slot_of
 from redrive.spark.observed import scheduler_outcomes
@@ -370,11 +371,14 @@ def build_scheduler_query(
     query_name: str | None = "redrive-scheduler",
     buckets: int | None = None,
     delivery: Delivery = EXACTLY_ONCE,
+    signatures: SignatureCheck | None = None,
 ) -> Any:
     """Start the scheduler query; returns the ``StreamingQuery``.
 
     ``allowed_destinations`` are topic names or glob patterns, as ``redrive serve``'s
     setting of that name (internal topics and the requests topic are always refused).
+    ``signatures``: what is asked of each request's ``redrive-signature``
+    (:mod:`redrive.signing`); None: nothing.
     ``repeat_window_days``: how long an accepted request's identity is kept, so that a
     repeat of it is dropped (:mod:`redrive.spark.repeats`).
     ``checkpoint`` keeps the read offsets, the pending messages and their timers:
@@ -411,6 +415,7 @@ def build_scheduler_query(
         repeat_window_days=repeat_window_days,
         admin_config=admin,
         compressed=extra.get("kafka.compression.type", "none") not in ("none", ""),
+        signatures=signatures,
     )
     if create_topics:
         # As `redrive serve` creates them: the requests topic with 6 partitions.

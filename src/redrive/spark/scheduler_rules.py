@@ -24,6 +24,7 @@ from redrive.destinations import DestinationAllowlist, check_patterns
 from redrive.errors import ConfigError
 from redrive.headers import is_topic_name
 from redrive.requests import IntakeRules
+from redrive.signing import SignatureCheck
 from redrive.sizes import (
     TopicLimits,
     single_record_batch_size,
@@ -60,6 +61,9 @@ class SchedulerRules:
     """The sink compresses: a record's size is not known before it is sent."""
     repeat_window_ms: int = 7 * 86_400_000
     """How long an accepted request's identity is kept (:mod:`redrive.spark.repeats`)."""
+    signatures: SignatureCheck | None = None
+    """What is asked of a request's signature, as the service asks it (its settings
+    ``require_signatures``, ``signing_keys``, ``signing_key_files``)."""
 
     @classmethod
     def checked(
@@ -72,6 +76,7 @@ class SchedulerRules:
         admin_config: Mapping[str, str],
         compressed: bool = False,
         repeat_window_days: float = 7.0,
+        signatures: SignatureCheck | None = None,
     ) -> SchedulerRules:
         """The rules, or a ConfigError naming the first argument that is wrong."""
         for name, topic in (("requests_topic", requests_topic), ("dlq_topic", dlq_topic)):
@@ -95,6 +100,7 @@ class SchedulerRules:
             admin_config=tuple(sorted(admin_config.items())),
             compressed=compressed,
             repeat_window_ms=int(repeat_window_days * 86_400_000),
+            signatures=signatures,
         )
 
     def delivery_check(self) -> DeliveryCheck:
@@ -111,6 +117,7 @@ class SchedulerRules:
             partitions_of=_partitions_lookup(self.admin_config),
             max_delay_ms=self.max_delay_ms,
             keeps_order=False,  # key order is the retry service's (ordering="key")
+            signatures=self.signatures,
         )
 
 

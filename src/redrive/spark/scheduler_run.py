@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from redrive.signing import SignatureCheck
 from redrive.spark.delivery import EXACTLY_ONCE, Delivery
 from redrive.spark.scheduler import build_scheduler_query
 from redrive.topic_names import DLQ_TOPIC, REQUESTS_TOPIC
@@ -25,6 +26,7 @@ def run_scheduler(
     spark_conf: Mapping[str, str] | None = None,
     metrics_port: int | None = None,
     delivery: Delivery = EXACTLY_ONCE,
+    signatures: SignatureCheck | None = None,
 ) -> None:
     """Run the scheduler until stopped (Ctrl-C, SIGTERM, or the query fails).
 
@@ -54,6 +56,7 @@ def run_scheduler(
             kafka_options=kafka_options,
             admin_config=admin_config,
             delivery=delivery,
+            signatures=signatures,
         )
         run_until_stopped([query])
     finally:

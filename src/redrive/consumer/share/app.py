@@ -31,7 +31,7 @@ from redrive.consumer.loop_health import max_poll_interval_ms
 from redrive.consumer.message import Message
 from redrive.consumer.outcomes import Outcomes
 from redrive.consumer.pipeline import Pipeline
-from redrive.consumer.publisher import Publisher
+from redrive.consumer.publisher import publisher_for
 from redrive.consumer.registry import Routes
 from redrive.consumer.repeats import DEFAULT_REPEAT_WINDOW, RecentIds
 from redrive.consumer.routes import HandlerOptions, RouteOptions
@@ -48,6 +48,7 @@ from redrive.consumer.topics import create_derived_topics
 from redrive.errors import ConfigError
 from redrive.membership import fatal_group_error
 from redrive.partitioners import DEFAULT_PARTITIONER, Partitioner, PartitionerName
+from redrive.signing import KeyRing
 
 log = structlog.get_logger("redrive.share")
 
@@ -69,7 +70,7 @@ class ShareApp(Routes, Running):
 
     ``kafka`` adds librdkafka settings to the share consumer and the producer alike;
     ``consumer_kafka`` to the share consumer only. ``requests_topic``, ``partitioner``,
-    ``repeat_window``, ``on_retry``, ``on_dead_letter``, ``metrics_port`` and
+    ``repeat_window``, ``signing``, ``on_retry``, ``on_dead_letter``, ``metrics_port`` and
     ``metrics_host`` are :class:`redrive.App`'s. Where a share group starts reading a
     topic is the group's own setting (``share.auto.offset.reset``, ``latest`` unless
     set: see docs/share-groups.md).
@@ -88,6 +89,7 @@ class ShareApp(Routes, Running):
         poll_timeout_s: float = 0.1,
         on_retry: RetryHook | None = None,
         on_dead_letter: DeadLetterHook | None = None,
+        signing: KeyRing | None = None,
         registry: CollectorRegistry | None = None,
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
@@ -107,6 +109,7 @@ class ShareApp(Routes, Running):
             # replace commits, and async records are bounded by the poll.
             polling=Polling(500, poll_timeout_s, 1.0, DEFAULT_MAX_IN_FLIGHT),
             hooks=Hooks(on_retry, on_dead_letter),
+            signing=signing,
         )
         Routes.__init__(self, settings)
         self.share_metrics = ShareMetrics(registry)
@@ -153,7 +156,9 @@ class ShareApp(Routes, Running):
         create_derived_topics(admin, list(self.routes.values()))
         terms = read_terms(admin, self.group)
         producer = make_producer(admin, config, self._reads, self.settings.partitioner)
-        publisher = Publisher(producer, self._stop)
+        publisher = publisher_for(
+            producer, self._stop, self.settings.signing, self.settings.requests_topic
+        )
         outcomes = Outcomes(
             self.group,
             self.settings.requests_topic,

@@ -22,6 +22,7 @@ from redrive.headers import (
     MAX_INT32,
     RETRY_AT,
     SEND_TO,
+    SIGNATURE,
     Header,
     RetryHeaders,
     is_redrive_header,
@@ -49,7 +50,8 @@ def _read(meta: list[Header], incoming: Incoming) -> r.Fields:
     unreadable = [
         name
         for name in FIELD_OF
-        if name not in (RETRY_AT, DESTINATION, ATTEMPT, SEND_TO)
+        # A signature is its request's, never read from a delivery (nor a letter).
+        if name not in (RETRY_AT, DESTINATION, ATTEMPT, SEND_TO, SIGNATURE)
         and m.last.get(name) is not None
         and getattr(read, FIELD_OF[name]) is None
     ]
