@@ -384,3 +384,18 @@ def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> No
         if deadline.passed():
             raise AssertionError(f"not within {deadline.describe()}: {what}")
         time.sleep(0.05)
+
+
+REPLAY_HEADERS = ("redrive-replays", "redrive-replay-of")
+"""What the service adds to a replayed record (the loop guard's round and letter)."""
+
+
+def replay_split(headers: list[Header] | None) -> tuple[list[Header], dict[str, bytes | None]]:
+    """A replayed record's headers: the user's, in order, and the replay's own."""
+    users = [(n, v) for n, v in headers or [] if n not in REPLAY_HEADERS]
+    return users, {n: v for n, v in headers or [] if n in REPLAY_HEADERS}
+
+
+def first_replay_of(letter_id: int) -> dict[str, bytes | None]:
+    """The replay headers of a letter's first replay."""
+    return {"redrive-replays": b"1", "redrive-replay-of": str(letter_id).encode()}
