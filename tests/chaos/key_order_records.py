@@ -18,6 +18,8 @@ SEQS = 20
 PRODUCE_S = 90.0 if MODE.name == "long" else 20.0
 """Production spans this long (see :func:`schedule`)."""
 BURSTS = 4
+POLICY = "200ms x3"
+ATTEMPTS = 4  # the first call and 3 retries: `:f3` succeeds at the last, `:f9` never
 
 
 def marker(rng: random.Random) -> str:
