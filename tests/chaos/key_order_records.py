@@ -8,6 +8,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from confluent_kafka import Producer
@@ -60,21 +61,24 @@ def outage_marker(rng: random.Random) -> str:
 
 @dataclass(frozen=True)
 class Plan:
+    """The records of one run. What is derived from them is worked out once: the
+    checks ask for it per record."""
+
     values: dict[tuple[str, int], str]
     """(key, seq) -> value, e.g. ("k0042", 7) -> "k0042:07:f1"."""
 
-    @property
+    @cached_property
     def dead(self) -> set[tuple[str, int]]:
         """The records that end as dead letters (`:x`, `:f9`)."""
         return {ks for ks, v in self.values.items() if v.endswith((":x", ":f9"))}
 
-    @property
+    @cached_property
     def clean_keys(self) -> set[str]:
         """The keys none of whose records fails."""
         failing = {k for (k, _), v in self.values.items() if v.count(":") > 1}
         return {k for k, _ in self.values} - failing
 
-    @property
+    @cached_property
     def keys(self) -> int:
         """How many keys the records have (:func:`schedule` spreads them)."""
         return len({k for k, _ in self.values})
