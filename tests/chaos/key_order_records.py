@@ -1,5 +1,6 @@
 """The records of the key-order chaos test (tests/chaos/test_key_order.py): what each
-does in the handler, and when each goes out."""
+does in the handler, and when each goes out. Two plans: sporadic failures
+(:func:`plan_records`) and a downstream outage on top of them (:func:`plan_outage`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from confluent_kafka import Producer
@@ -18,6 +20,12 @@ SEQS = 20
 PRODUCE_S = 90.0 if MODE.name == "long" else 20.0
 """Production spans this long (see :func:`schedule`)."""
 BURSTS = 4
+POLICY = "200ms x3"
+ATTEMPTS = 4  # the first call and 3 retries: `:f3` succeeds at the last, `:f9` never
+OUTAGE = (0.35, 0.65)
+"""The downstream outage's stretch of the production time, as fractions of PRODUCE_S."""
+OUTAGE_SPARED = 0.25
+"""The share of keys whose downstream stays up through the outage."""
 
 
 def marker(rng: random.Random) -> str:
@@ -35,24 +43,49 @@ def marker(rng: random.Random) -> str:
     return ""
 
 
+def outage_marker(rng: random.Random) -> str:
+    """What the handler does with a record produced while its downstream is down: it
+    always fails, mostly a few times and then succeeds; some fatally (a refusal) or
+    on every attempt (still down when the attempts run out): ~1.6 failed calls each."""
+    roll = rng.random()
+    if roll < 0.55:
+        return ":f1"
+    if roll < 0.80:
+        return ":f2"
+    if roll < 0.90:
+        return ":f3"
+    if roll < 0.95:
+        return ":x"
+    return ":f9"
+
+
 @dataclass(frozen=True)
 class Plan:
+    """The records of one run. What is derived from them is worked out once: the
+    checks ask for it per record."""
+
     values: dict[tuple[str, int], str]
     """(key, seq) -> value, e.g. ("k0042", 7) -> "k0042:07:f1"."""
 
-    @property
+    @cached_property
     def dead(self) -> set[tuple[str, int]]:
         """The records that end as dead letters (`:x`, `:f9`)."""
         return {ks for ks, v in self.values.items() if v.endswith((":x", ":f9"))}
 
-    @property
+    @cached_property
     def clean_keys(self) -> set[str]:
         """The keys none of whose records fails."""
         failing = {k for (k, _), v in self.values.items() if v.count(":") > 1}
         return {k for k, _ in self.values} - failing
 
+    @cached_property
+    def keys(self) -> int:
+        """How many keys the records have (:func:`schedule` spreads them)."""
+        return len({k for k, _ in self.values})
+
 
 def plan_records(rng: random.Random) -> Plan:
+    """Sporadic failures: ~10% of the handler's calls fail."""
     values = {}
     for k in range(KEYS):
         key = f"k{k:04d}"
@@ -61,7 +94,25 @@ def plan_records(rng: random.Random) -> Plan:
     return Plan(values)
 
 
-def schedule() -> list[tuple[float, str, range]]:
+def plan_outage(rng: random.Random, keys: int = KEYS) -> Plan:
+    """A downstream outage on top of the sporadic failures: every record produced in
+    the OUTAGE stretch of the production time fails (:func:`outage_marker`), except
+    those of the OUTAGE_SPARED keys (another downstream); ~30% of the handler's calls
+    fail. The records' bursts are as in :func:`schedule`, so the outage holds whole
+    bursts: each of its keys is held while the rest of its burst arrives."""
+    spared = set(rng.sample(range(keys), round(keys * OUTAGE_SPARED)))
+    start, end = (fraction * PRODUCE_S for fraction in OUTAGE)
+    produced = {(key, seq): at for at, key, seqs in schedule(keys) for seq in seqs}
+    values = {}
+    for k in range(keys):
+        key = f"k{k:04d}"
+        for seq in range(SEQS):
+            down = k not in spared and start <= produced[(key, seq)] < end
+            values[(key, seq)] = f"{key}:{seq:02d}{outage_marker(rng) if down else marker(rng)}"
+    return Plan(values)
+
+
+def schedule(keys: int = KEYS) -> list[tuple[float, str, range]]:
     """When each burst of records goes out: (seconds after the start, key, seqs). A
     key's 20 records go in BURSTS bursts of consecutive seqs, PRODUCE_S / BURSTS apart;
     the keys' bursts are spread evenly over that interval. Within a burst the records
@@ -70,8 +121,8 @@ def schedule() -> list[tuple[float, str, range]]:
     size = SEQS // BURSTS
     slot = PRODUCE_S / BURSTS
     return sorted(
-        ((burst + k / KEYS) * slot, f"k{k:04d}", range(burst * size, (burst + 1) * size))
-        for k in range(KEYS)
+        ((burst + k / keys) * slot, f"k{k:04d}", range(burst * size, (burst + 1) * size))
+        for k in range(keys)
         for burst in range(BURSTS)
     )
 
@@ -103,7 +154,7 @@ class Bursts(threading.Thread):
             if err is None:
                 self.acked += 1
 
-        for at, key, seqs in schedule():
+        for at, key, seqs in schedule(self.plan.keys):
             while (left := self.started + at - time.monotonic()) > 0:
                 producer.poll(min(left, 0.1))
             for seq in seqs:
