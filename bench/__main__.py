@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
                     )
                 )
             paths = consumer.service_paths(
-                stack.bootstrap, stack.database_url, size["consumer_service"], workdir, rounds
+                stack.bootstrap, stack.database_url, size["consumer"], workdir, rounds
             )
             print(f"consumer failure paths through the service: {paths}")
             for variant in consumer.SERVICE_PATHS[1:]:
@@ -174,6 +174,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
                         "-",
                         None,
                         {
+                            "n": size["consumer"],
                             "per_s": round(paths[variant]["per_s"]),
                             "success_per_s": round(paths["service"]["per_s"]),
                         },
