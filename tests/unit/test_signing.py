@@ -5,6 +5,7 @@ start-up naming their setting, and no header makes verifying raise."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from pathlib import Path
 
@@ -117,6 +118,66 @@ def test_none_and_empty_differ_for_key_value_and_header() -> None:
     assert canonical([("redrive-ab", b"c")], None, None) != canonical(
         [("redrive-a", b"bc")], None, None
     )
+
+
+def reference_canonical(headers: list, key: bytes | None, value: bytes | None) -> bytes:
+    """The encoding as docs/signing.md describes it, written plainly: netstrings, the
+    redrive headers but the signature sorted, ``-`` for what is absent."""
+
+    def field(data: bytes) -> bytes:
+        return str(len(data)).encode() + b":" + data
+
+    entries = sorted(
+        field(name.encode("utf-8", "surrogatepass")) + (b"-" if raw is None else field(raw))
+        for name, raw in headers
+        if name.startswith("redrive-") and name != SIGNATURE
+    )
+    return b"".join(
+        [
+            b"redrive-signature-v1\n",
+            str(len(entries)).encode() + b":",
+            *entries,
+            b"-" if key is None else field(key),
+            b"-" if value is None else field(hashlib.sha256(value).digest()),
+        ]
+    )
+
+
+long_values = st.binary(min_size=1020, max_size=1030)  # about the lengths made in advance
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(
+        st.tuples(
+            redrive_names | st.sampled_from([SIGNATURE, "redrive-x", "other"]),
+            st.binary(max_size=20) | long_values | st.none(),
+        ),
+        max_size=8,
+    ),
+    payloads | long_values,
+    payloads,
+)
+def test_the_encoding_is_the_documented_one(headers, key, value) -> None:
+    assert canonical(headers, key, value) == reference_canonical(headers, key, value)
+
+
+def test_signatures_of_the_first_v1_signers_still_verify() -> None:
+    # Made by the first release of v1 signatures (senders and receivers of other
+    # releases meet on the requests topic): the same request must sign the same.
+    pinned = [
+        (REQUEST, b"k", b"v", "v1:k1:XGaaW3PbFA4jiy6H5T-iWJAKF1lkc9qdKWWI5MO5kfM"),
+        (
+            [("redrive-x", None), ("redrive-error-trace", b"t" * 2000)],
+            None,
+            None,
+            "v1:k1:AynKcP7yRLv006CeYzZQ1ikZDALfRpyBnMeHMZAp2yY",
+        ),
+        ([], b"", b"", "v1:k1:Vi-fXfjpeEpzVD3HZol-ADX2yG3WY24PFeCy8Q46ilw"),
+    ]
+    for headers, key, value, signature in pinned:
+        assert RING.signature(headers, key, value) == signature
+        assert RING.verify(headers, key, value, signature).verdict is Verdict.VALID
 
 
 def test_user_headers_are_not_covered() -> None:
