@@ -32,7 +32,13 @@ from pathlib import Path
 from typing import Any, Final
 
 from redrive.errors import ConfigError
-from redrive.header_fields import FIELD_OF, SIGNATURE, Header, is_redrive_header
+from redrive.header_fields import (
+    FIELD_OF,
+    MAX_VALUE_BYTES,
+    SIGNATURE,
+    Header,
+    is_redrive_header,
+)
 
 VERSION: Final = "v1"
 """The form of the signature this module writes and reads: ``v1:<key id>:<MAC>``."""
@@ -44,30 +50,52 @@ _DOMAIN: Final = b"redrive-signature-v1\n"
 """The encoding's first bytes: a MAC of this form is never one of another."""
 
 
+_MADE: Final = MAX_VALUE_BYTES
+"""Fields of up to this many bytes (the contract's cap on most header values) have
+their heads made once, in :data:`_LENGTHS`: formatting bytes costs as much as the rest
+of a header's encoding."""
+_LENGTHS: Final = tuple(b"%d:" % length for length in range(_MADE + 1))
+
+
+def _length(length: int) -> bytes:
+    """The head of a field of ``length`` bytes, ``b"<length>:"``."""
+    return _LENGTHS[length] if length <= _MADE else b"%d:" % length
+
+
 def _field(data: bytes) -> bytes:
     """One field as a netstring's head and body, ``<length>:<bytes>``: self-delimiting,
     so a sequence of them reads back one way only."""
-    return b"%d:%b" % (len(data), data)
+    return _length(len(data)) + data
 
 
+_DIGEST_HEAD: Final = _LENGTHS[hashlib.sha256().digest_size]
 _ABSENT: Final = b"-"
 """An absent key, value or header value: no field starts with it, so it is told apart
 from an empty one (``0:``)."""
 
-
-class _Heads(dict[str, bytes | None]):
-    """Header name -> its field, None for a header the MAC leaves out (the signature,
-    the user's headers); the contract's names encoded once, others as they come (and
-    not kept: anyone may write any name)."""
-
-    def __missing__(self, name: str) -> bytes | None:
-        if name == SIGNATURE or not is_redrive_header(name):
-            return None
-        return _field(name.encode("utf-8", "surrogatepass"))
-
-
-_HEADS: Final = _Heads({name: _field(name.encode()) for name in FIELD_OF})
+_HEADS: Final[dict[str, bytes | None]] = {name: _field(name.encode()) for name in FIELD_OF}
+"""Header name -> its field, None for a header the MAC leaves out (the signature, the
+user's headers): the contract's names, and up to :data:`_KEPT_NAMES` others as they
+are met (:func:`_head`; not all: anyone may write any name)."""
 _HEADS[SIGNATURE] = None
+_KEPT_NAMES: Final = 1024
+_KEPT_NAME_LENGTH: Final = 128
+
+
+def _head(name: str) -> bytes | None:
+    """:data:`_HEADS`' answer for any name, learnt if there is room (a name not kept
+    costs its request a second pass of :func:`canonical`, nothing more)."""
+    if name in _HEADS:
+        return _HEADS[name]
+    if type(name) is not str:
+        raise TypeError(f"a header name is a str, not {type(name).__name__}")
+    if name == SIGNATURE or not is_redrive_header(name):
+        head = None
+    else:
+        head = _field(name.encode("utf-8", "surrogatepass"))
+    if len(_HEADS) < _KEPT_NAMES and len(name) <= _KEPT_NAME_LENGTH:
+        _HEADS[name] = head  # the same for every thread that learns it
+    return head
 
 
 def canonical(headers: Iterable[Header], key: bytes | None, value: bytes | None) -> bytes:
@@ -77,19 +105,40 @@ def canonical(headers: Iterable[Header], key: bytes | None, value: bytes | None)
     Raises TypeError for a header value that is not bytes (the sender's mistake);
     :meth:`KeyRing.verify` reads a refusal into it instead.
     """
-    heads = _HEADS
-    entries = [
-        head + (_ABSENT if raw is None else b"%d:%b" % (len(raw), raw))
-        for name, raw in headers
-        if (head := heads[name]) is not None
-    ]
+    if type(headers) is not list:
+        headers = list(headers)  # read again below when a name is new
+    # Every request the service reads comes through here. One pass, each entry made by
+    # concatenation, with the names and lengths made in advance; a name not met before
+    # takes the second pass, which learns it.
+    heads, lengths, made = _HEADS, _LENGTHS, _MADE
+    try:
+        entries = [
+            head
+            + (
+                _ABSENT
+                if raw is None
+                else (lengths[size] if (size := len(raw)) <= made else b"%d:" % size) + raw
+            )
+            for name, raw in headers
+            if (head := heads[name]) is not None
+        ]
+    except KeyError:
+        entries = [
+            head + (_ABSENT if raw is None else _field(raw))
+            for name, raw in headers
+            if (head := _head(name)) is not None
+        ]
+    # A netstring is prefix-free, so sorting the entries' bytes sorts them by their
+    # names' fields, then (a name given twice) by value: the headers' order drops out.
     entries.sort()
-    return b"%b%d:%b%b%b" % (
-        _DOMAIN,
-        len(entries),
-        b"".join(entries),
-        _ABSENT if key is None else _field(key),
-        _ABSENT if value is None else _field(hashlib.sha256(value).digest()),
+    return b"".join(
+        (
+            _DOMAIN,
+            _length(len(entries)),
+            *entries,
+            _ABSENT if key is None else _field(key),
+            _ABSENT if value is None else _DIGEST_HEAD + hashlib.sha256(value).digest(),
+        )
     )
 
 
