@@ -205,6 +205,10 @@ def test_unreadable_headers_never_raise() -> None:
     signature = RING.signature(REQUEST, b"k", b"v")
     weird = [*REQUEST, ("redrive-x", "not bytes")]
     assert RING.verify(weird, b"k", b"v", signature).verdict is Verdict.MALFORMED  # type: ignore[arg-type]
+    for odd in ([*REQUEST, (7, b"a name not a str")], None):
+        assert RING.verify(odd, b"k", b"v", signature).verdict is Verdict.MALFORMED  # type: ignore[arg-type]
+    # any iterable of headers reads as its list does
+    assert RING.verify(iter(REQUEST), b"k", b"v", signature).verdict is Verdict.VALID
 
 
 def test_the_signature_header_is_part_of_the_contract() -> None:
