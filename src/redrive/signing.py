@@ -34,6 +34,7 @@ from typing import Any, Final
 from redrive.errors import ConfigError
 from redrive.header_fields import (
     FIELD_OF,
+    MAX_ERROR_TRACE_BYTES,
     MAX_VALUE_BYTES,
     SIGNATURE,
     Header,
@@ -50,16 +51,28 @@ _DOMAIN: Final = b"redrive-signature-v1\n"
 """The encoding's first bytes: a MAC of this form is never one of another."""
 
 
-_MADE: Final = MAX_VALUE_BYTES
-"""Fields of up to this many bytes (the contract's cap on most header values) have
-their heads made once, in :data:`_LENGTHS`: formatting bytes costs as much as the rest
-of a header's encoding."""
-_LENGTHS: Final = tuple(b"%d:" % length for length in range(_MADE + 1))
+def _heads_of_lengths(most: int) -> tuple[bytes, ...]:
+    return tuple(b"%d:" % length for length in range(most + 1))
+
+
+_LENGTHS = _heads_of_lengths(MAX_VALUE_BYTES)
+"""``_LENGTHS[n] == b"<n>:"``, the head of a field of n bytes (formatting bytes costs
+as much as the rest of a header's encoding), made once: up to the contract's cap on
+most values, and up to its largest cap (an error trace's) from the first time a
+longer field is met."""
 
 
 def _length(length: int) -> bytes:
     """The head of a field of ``length`` bytes, ``b"<length>:"``."""
-    return _LENGTHS[length] if length <= _MADE else b"%d:" % length
+    global _LENGTHS
+    lengths = _LENGTHS
+    if length < len(lengths):
+        return lengths[length]
+    if length <= MAX_ERROR_TRACE_BYTES:
+        # Rebound whole, so a thread reading the table meanwhile reads the old one.
+        _LENGTHS = lengths = _heads_of_lengths(MAX_ERROR_TRACE_BYTES)
+        return lengths[length]
+    return b"%d:" % length
 
 
 def _field(data: bytes) -> bytes:
@@ -68,7 +81,7 @@ def _field(data: bytes) -> bytes:
     return _length(len(data)) + data
 
 
-_DIGEST_HEAD: Final = _LENGTHS[hashlib.sha256().digest_size]
+_DIGEST_HEAD: Final = _length(hashlib.sha256().digest_size)
 _ABSENT: Final = b"-"
 """An absent key, value or header value: no field starts with it, so it is told apart
 from an empty one (``0:``)."""
@@ -106,23 +119,20 @@ def canonical(headers: Iterable[Header], key: bytes | None, value: bytes | None)
     :meth:`KeyRing.verify` reads a refusal into it instead.
     """
     if type(headers) is not list:
-        headers = list(headers)  # read again below when a name is new
-    # Every request the service reads comes through here. One pass, each entry made by
-    # concatenation, with the names and lengths made in advance; a name not met before
-    # takes the second pass, which learns it.
-    heads, lengths, made = _HEADS, _LENGTHS, _MADE
+        headers = list(headers)  # read twice below, if need be
     try:
+        # Every request the service reads comes through here, as few steps as can be:
+        # the usual one has only names met before, and values of bytes whose lengths'
+        # heads are made (the contract caps them).
+        lengths = _LENGTHS
         entries = [
-            head
-            + (
-                _ABSENT
-                if raw is None
-                else (lengths[size] if (size := len(raw)) <= made else b"%d:" % size) + raw
-            )
+            head + lengths[len(raw)] + raw  # type: ignore[arg-type, operator]  # None: below
             for name, raw in headers
-            if (head := heads[name]) is not None
+            if (head := _HEADS[name]) is not None
         ]
-    except KeyError:
+    except (KeyError, IndexError, TypeError):
+        # Any other, a header at a time: a name not met before (learnt), a longer value
+        # (its head made), a null one; a value that is not bytes raises TypeError again.
         entries = [
             head + (_ABSENT if raw is None else _field(raw))
             for name, raw in headers

@@ -162,6 +162,12 @@ def test_the_encoding_is_the_documented_one(headers, key, value) -> None:
     assert canonical(headers, key, value) == reference_canonical(headers, key, value)
 
 
+@pytest.mark.parametrize("size", [0, 1024, 1025, 8192, 8193, 20_000])
+def test_the_encoding_is_the_documented_one_at_any_length(size: int) -> None:
+    headers = [("redrive-error-trace", b"t" * size), ("redrive-x", b"x" * size)]
+    assert canonical(headers, b"k" * size, None) == reference_canonical(headers, b"k" * size, None)
+
+
 def test_signatures_of_the_first_v1_signers_still_verify() -> None:
     # Made by the first release of v1 signatures (senders and receivers of other
     # releases meet on the requests topic): the same request must sign the same.
