@@ -52,6 +52,7 @@ _DOMAIN: Final = b"redrive-signature-v1\n"
 
 
 def _heads_of_lengths(most: int) -> tuple[bytes, ...]:
+    """The heads of fields of 0 to ``most`` bytes, each at its length's index."""
     return tuple(b"%d:" % length for length in range(most + 1))
 
 
