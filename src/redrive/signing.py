@@ -32,7 +32,14 @@ from pathlib import Path
 from typing import Any, Final
 
 from redrive.errors import ConfigError
-from redrive.header_fields import FIELD_OF, SIGNATURE, Header, is_redrive_header
+from redrive.header_fields import (
+    FIELD_OF,
+    MAX_ERROR_TRACE_BYTES,
+    MAX_VALUE_BYTES,
+    SIGNATURE,
+    Header,
+    is_redrive_header,
+)
 
 VERSION: Final = "v1"
 """The form of the signature this module writes and reads: ``v1:<key id>:<MAC>``."""
@@ -44,30 +51,65 @@ _DOMAIN: Final = b"redrive-signature-v1\n"
 """The encoding's first bytes: a MAC of this form is never one of another."""
 
 
+def _heads_of_lengths(most: int) -> tuple[bytes, ...]:
+    """The heads of fields of 0 to ``most`` bytes, each at its length's index."""
+    return tuple(b"%d:" % length for length in range(most + 1))
+
+
+_LENGTHS = _heads_of_lengths(MAX_VALUE_BYTES)
+"""``_LENGTHS[n] == b"<n>:"``, the head of a field of n bytes (formatting bytes costs
+as much as the rest of a header's encoding), made once: up to the contract's cap on
+most values, and up to its largest cap (an error trace's) from the first time a
+longer field is met."""
+
+
+def _length(length: int) -> bytes:
+    """The head of a field of ``length`` bytes, ``b"<length>:"``."""
+    global _LENGTHS
+    lengths = _LENGTHS
+    if length < len(lengths):
+        return lengths[length]
+    if length <= MAX_ERROR_TRACE_BYTES:
+        # Rebound whole, so a thread reading the table meanwhile reads the old one.
+        _LENGTHS = lengths = _heads_of_lengths(MAX_ERROR_TRACE_BYTES)
+        return lengths[length]
+    return b"%d:" % length
+
+
 def _field(data: bytes) -> bytes:
     """One field as a netstring's head and body, ``<length>:<bytes>``: self-delimiting,
     so a sequence of them reads back one way only."""
-    return b"%d:%b" % (len(data), data)
+    return _length(len(data)) + data
 
 
+_DIGEST_HEAD: Final = _length(hashlib.sha256().digest_size)
 _ABSENT: Final = b"-"
 """An absent key, value or header value: no field starts with it, so it is told apart
 from an empty one (``0:``)."""
 
-
-class _Heads(dict[str, bytes | None]):
-    """Header name -> its field, None for a header the MAC leaves out (the signature,
-    the user's headers); the contract's names encoded once, others as they come (and
-    not kept: anyone may write any name)."""
-
-    def __missing__(self, name: str) -> bytes | None:
-        if name == SIGNATURE or not is_redrive_header(name):
-            return None
-        return _field(name.encode("utf-8", "surrogatepass"))
-
-
-_HEADS: Final = _Heads({name: _field(name.encode()) for name in FIELD_OF})
+_HEADS: Final[dict[str, bytes | None]] = {name: _field(name.encode()) for name in FIELD_OF}
+"""Header name -> its field, None for a header the MAC leaves out (the signature, the
+user's headers): the contract's names, and up to :data:`_KEPT_NAMES` others as they
+are met (:func:`_head`; not all: anyone may write any name)."""
 _HEADS[SIGNATURE] = None
+_KEPT_NAMES: Final = 1024
+_KEPT_NAME_LENGTH: Final = 128
+
+
+def _head(name: str) -> bytes | None:
+    """:data:`_HEADS`' answer for any name, learnt if there is room (a name not kept
+    costs its request a second pass of :func:`canonical`, nothing more)."""
+    if name in _HEADS:
+        return _HEADS[name]
+    if type(name) is not str:
+        raise TypeError(f"a header name is a str, not {type(name).__name__}")
+    if name == SIGNATURE or not is_redrive_header(name):
+        head = None
+    else:
+        head = _field(name.encode("utf-8", "surrogatepass"))
+    if len(_HEADS) < _KEPT_NAMES and len(name) <= _KEPT_NAME_LENGTH:
+        _HEADS[name] = head  # the same for every thread that learns it
+    return head
 
 
 def canonical(headers: Iterable[Header], key: bytes | None, value: bytes | None) -> bytes:
@@ -77,19 +119,37 @@ def canonical(headers: Iterable[Header], key: bytes | None, value: bytes | None)
     Raises TypeError for a header value that is not bytes (the sender's mistake);
     :meth:`KeyRing.verify` reads a refusal into it instead.
     """
-    heads = _HEADS
-    entries = [
-        head + (_ABSENT if raw is None else b"%d:%b" % (len(raw), raw))
-        for name, raw in headers
-        if (head := heads[name]) is not None
-    ]
+    if type(headers) is not list:
+        headers = list(headers)  # read twice below, if need be
+    try:
+        # Every request the service reads comes through here, as few steps as can be:
+        # the usual one has only names met before, and values of bytes whose lengths'
+        # heads are made (the contract caps them).
+        lengths = _LENGTHS
+        entries = [
+            head + lengths[len(raw)] + raw  # type: ignore[arg-type, operator]  # None: below
+            for name, raw in headers
+            if (head := _HEADS[name]) is not None
+        ]
+    except (KeyError, IndexError, TypeError):
+        # Any other, a header at a time: a name not met before (learnt), a longer value
+        # (its head made), a null one; a value that is not bytes raises TypeError again.
+        entries = [
+            head + (_ABSENT if raw is None else _field(raw))
+            for name, raw in headers
+            if (head := _head(name)) is not None
+        ]
+    # A netstring is prefix-free, so sorting the entries' bytes sorts them by their
+    # names' fields, then (a name given twice) by value: the headers' order drops out.
     entries.sort()
-    return b"%b%d:%b%b%b" % (
-        _DOMAIN,
-        len(entries),
-        b"".join(entries),
-        _ABSENT if key is None else _field(key),
-        _ABSENT if value is None else _field(hashlib.sha256(value).digest()),
+    return b"".join(
+        (
+            _DOMAIN,
+            _length(len(entries)),
+            *entries,
+            _ABSENT if key is None else _field(key),
+            _ABSENT if value is None else _DIGEST_HEAD + hashlib.sha256(value).digest(),
+        )
     )
 
 

@@ -5,6 +5,7 @@ start-up naming their setting, and no header makes verifying raise."""
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from pathlib import Path
 
@@ -119,6 +120,72 @@ def test_none_and_empty_differ_for_key_value_and_header() -> None:
     )
 
 
+def reference_canonical(headers: list, key: bytes | None, value: bytes | None) -> bytes:
+    """The encoding as docs/signing.md describes it, written plainly: netstrings, the
+    redrive headers but the signature sorted, ``-`` for what is absent."""
+
+    def field(data: bytes) -> bytes:
+        return str(len(data)).encode() + b":" + data
+
+    entries = sorted(
+        field(name.encode("utf-8", "surrogatepass")) + (b"-" if raw is None else field(raw))
+        for name, raw in headers
+        if name.startswith("redrive-") and name != SIGNATURE
+    )
+    return b"".join(
+        [
+            b"redrive-signature-v1\n",
+            str(len(entries)).encode() + b":",
+            *entries,
+            b"-" if key is None else field(key),
+            b"-" if value is None else field(hashlib.sha256(value).digest()),
+        ]
+    )
+
+
+long_values = st.binary(min_size=1020, max_size=1030)  # about the lengths made in advance
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(
+        st.tuples(
+            redrive_names | st.sampled_from([SIGNATURE, "redrive-x", "other"]),
+            st.binary(max_size=20) | long_values | st.none(),
+        ),
+        max_size=8,
+    ),
+    payloads | long_values,
+    payloads,
+)
+def test_the_encoding_is_the_documented_one(headers, key, value) -> None:
+    assert canonical(headers, key, value) == reference_canonical(headers, key, value)
+
+
+@pytest.mark.parametrize("size", [0, 1024, 1025, 8192, 8193, 20_000])
+def test_the_encoding_is_the_documented_one_at_any_length(size: int) -> None:
+    headers = [("redrive-error-trace", b"t" * size), ("redrive-x", b"x" * size)]
+    assert canonical(headers, b"k" * size, None) == reference_canonical(headers, b"k" * size, None)
+
+
+def test_signatures_of_the_first_v1_signers_still_verify() -> None:
+    # Made by the first release of v1 signatures (senders and receivers of other
+    # releases meet on the requests topic): the same request must sign the same.
+    pinned = [
+        (REQUEST, b"k", b"v", "v1:k1:XGaaW3PbFA4jiy6H5T-iWJAKF1lkc9qdKWWI5MO5kfM"),
+        (
+            [("redrive-x", None), ("redrive-error-trace", b"t" * 2000)],
+            None,
+            None,
+            "v1:k1:AynKcP7yRLv006CeYzZQ1ikZDALfRpyBnMeHMZAp2yY",
+        ),
+        ([], b"", b"", "v1:k1:Vi-fXfjpeEpzVD3HZol-ADX2yG3WY24PFeCy8Q46ilw"),
+    ]
+    for headers, key, value, signature in pinned:
+        assert RING.signature(headers, key, value) == signature
+        assert RING.verify(headers, key, value, signature).verdict is Verdict.VALID
+
+
 def test_user_headers_are_not_covered() -> None:
     signed = RING.signed(REQUEST, b"k", b"v")
     changed = [(n, b"other" if n == "mine" else v) for n, v in signed]
@@ -144,6 +211,10 @@ def test_unreadable_headers_never_raise() -> None:
     signature = RING.signature(REQUEST, b"k", b"v")
     weird = [*REQUEST, ("redrive-x", "not bytes")]
     assert RING.verify(weird, b"k", b"v", signature).verdict is Verdict.MALFORMED  # type: ignore[arg-type]
+    for odd in ([*REQUEST, (7, b"a name not a str")], None):
+        assert RING.verify(odd, b"k", b"v", signature).verdict is Verdict.MALFORMED  # type: ignore[arg-type]
+    # any iterable of headers reads as its list does
+    assert RING.verify(iter(REQUEST), b"k", b"v", signature).verdict is Verdict.VALID
 
 
 def test_the_signature_header_is_part_of_the_contract() -> None:
