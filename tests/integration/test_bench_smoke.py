@@ -80,6 +80,8 @@ def test_every_benchmark_but_spark_runs_and_reports_its_figures(tmp_path: Path) 
     assert results["2 service e2e, 1 worker"]["figures"]["n"] == 1_000
     assert results["2 service e2e, 1 worker"]["figures"]["per_s"] > 0
     assert results["2 ceiling: relay through PostgreSQL"]["figures"]["n"] == 1_000
+    signed = results["2 service e2e, 1 worker, signed"]["figures"]
+    assert 0 < signed["floor_us"] < signed["check_us"] and 0 < signed["ceiling"] < 1
     precision = results["3 scheduling precision"]["figures"]
     assert precision["n"] == 300
     assert precision["early"] == 0, "a retry was delivered before it was due"
