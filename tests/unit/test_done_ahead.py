@@ -9,7 +9,8 @@ from confluent_kafka import TopicPartition
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from redrive.consumer.done_ahead import MAX_CHARS, PREFIX, decode, encode
+from redrive.consumer.done_ahead import MAX_CHARS, PREFIX, decode, encode, encode_except
+from redrive.consumer.kept_lines import MOST_PER_PARTITION
 from redrive.consumer.offsets import OffsetTracker
 
 pytestmark = pytest.mark.unit
@@ -74,3 +75,40 @@ def test_without_async_handlers_a_commit_carries_no_metadata() -> None:
     tracker.mark(("t", 0), 4)
     assert tracker.to_commit() == [TopicPartition("t", 0, 5)]
     assert tracker.to_commit()[0].metadata == ""
+
+
+kept_gaps = st.lists(st.integers(1, 40_000), max_size=600)
+
+
+@settings(max_examples=300, deadline=None)
+@given(positions, kept_gaps, st.integers(1, 100_000))
+def test_all_but_the_kept_records_are_named_done_or_a_prefix_of_them(
+    position: int, steps: list[int], beyond: int
+) -> None:
+    # Records kept behind held keys, the first at the position: every other record
+    # read up to `end` is done.
+    kept = [position, *offsets_after(position, steps)]
+    end = kept[-1] + beyond
+    metadata = encode_except(position, end, kept)
+    assert len(metadata) <= MAX_CHARS
+    read = decode(metadata, position)
+    assert not read & set(kept), "a kept record named as done"
+    done = [offset for offset in range(position, end) if offset not in set(kept)]
+    if len(kept) <= MOST_PER_PARTITION:  # the kept lines' bound always fits
+        assert sorted(read) == done
+    else:  # the records nearest the position, never a later one without the earlier
+        assert sorted(read) == done[: len(read)]
+
+
+def test_the_position_is_held_at_the_first_kept_record() -> None:
+    tracker = OffsetTracker()
+    kept: dict[tuple[str, int], list[int]] = {("t", 0): [4, 6]}
+    tracker.kept = lambda partition: kept.get(partition, [])
+    tracker.mark(("t", 0), 9)
+    tracker.mark(("t", 1), 3)
+    (first, second) = sorted(tracker.to_commit(), key=lambda tp: tp.partition)
+    assert (first.offset, sorted(decode(first.metadata, 4))) == (4, [5, 7, 8, 9])
+    assert (second.offset, second.metadata) == (4, "")
+    tracker.committed([first, second])
+    kept[("t", 0)] = []  # their key's head was done, and they were handled
+    assert [(tp.offset, tp.metadata) for tp in tracker.to_commit()] == [(10, "")]

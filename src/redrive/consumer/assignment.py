@@ -144,8 +144,7 @@ class Assignment:
             order.load(self.client_config, assigned)
         wanted = [TopicPartition(t, p) for t, p in sorted(assigned)]
         committed = self.consumer.committed(wanted, timeout=30) if wanted else []
-        if self.async_records is not None:
-            self.async_records.resume(committed)
+        self.records.done_before.resume(committed)
         for tp in committed:
             offset = tp.offset if tp.offset >= 0 else self.start_without_commit
             self.consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
@@ -161,8 +160,8 @@ class Assignment:
         # Before any record of theirs: which keys of ordered routes wait for a retry.
         for order in self.key_orders:
             order.load(self.client_config, new)
-        if self.async_records is not None:  # what the last commit says is done beyond it
-            self.async_records.resume(consumer.committed(partitions, timeout=30))
+        # What the last commit says is dealt with beyond its position.
+        self.records.done_before.resume(consumer.committed(partitions, timeout=30))
         log.info(
             "partitions assigned", partitions=[f"{p.topic}[{p.partition}]" for p in partitions]
         )
@@ -190,6 +189,7 @@ class Assignment:
         due again, with its attempts counted, instead of staying paused forever."""
         self.assigned = self.assigned - partitions
         self.offsets.forget(partitions)
+        self.records.done_before.forget(partitions)
         for order in self.key_orders:
             order.forget(partitions)
         self.pauses.release(partitions)

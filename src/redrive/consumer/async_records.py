@@ -56,7 +56,6 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka import Message as KafkaMessage
 
 from redrive.clock import now_ms
-from redrive.consumer import done_ahead
 from redrive.consumer.brake import BreakerState
 from redrive.consumer.in_flight import InFlight
 from redrive.consumer.message import Message
@@ -162,9 +161,9 @@ class AsyncRecords:
         """Handler time since the last turn, each call from its start to its end, awaits
         included (what a record waits for its handler; calls at once overlap). Added
         to the metric once a turn, not once a call: the hot path stays two clock reads."""
-        self._done_before: dict[Partition, set[int]] = {}
-        """Per partition: records beyond its committed position that the commit named as
-        dealt with (:mod:`redrive.consumer.done_ahead`), skipped when read again."""
+        self.done_before = records.done_before
+        """Records beyond a partition's committed position its commit named as dealt
+        with, skipped when read again (resumed and forgotten by the assignment)."""
         offsets.done_beyond = self.in_flight.done_beyond
 
     # ------------------------------------------------------------------ the App's loop
@@ -173,21 +172,9 @@ class AsyncRecords:
         """How many more records may be accepted now."""
         return max(self.max_in_flight - self.in_flight.count, 0)
 
-    def resume(self, committed: list[TopicPartition]) -> None:
-        """Partitions (re)start from their committed positions: the records their commit
-        named as dealt with beyond them will be skipped."""
-        for tp in committed:
-            done = done_ahead.decode(tp.metadata, tp.offset)
-            if done:
-                self._done_before[(tp.topic, tp.partition)] = set(done)
-            else:
-                self._done_before.pop((tp.topic, tp.partition), None)
-
     def forget(self, partitions: set[Partition]) -> None:
         """Partitions revoked: their records are no longer this App's."""
         self.in_flight.forget(partitions)
-        for partition in partitions:
-            self._done_before.pop(partition, None)
 
     def accept(self, record: KafkaMessage, topic: str, partition: int, offset: int) -> Wait | None:
         """Take a record of an async route into its lane. None once it is taken (or
@@ -197,16 +184,12 @@ class AsyncRecords:
         steps, kind = self.records.reads[topic]
         route = steps.route
         tp = (topic, partition)
-        if self._done_before and offset in self._done_before.get(tp, ()):
+        if self.done_before.by_partition and self.done_before.skip(tp, offset):
             # Dealt with before a crash or an aborted transaction's rewind, its hand-off
             # committed with the position: not again.
-            self._done_before[tp].discard(offset)
             self.in_flight.accept(tp, offset)
             self._done(tp, offset)
-            self.records.outcomes.metrics.records.labels(route.topic, "repeat_skipped").inc()
-            log.info(
-                "record dealt with before skipped", topic=topic, partition=partition, offset=offset
-            )
+            self.records.skipped(topic, partition, offset)
             return None
         message: Message | None = None
         probe = False

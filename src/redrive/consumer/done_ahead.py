@@ -71,6 +71,31 @@ def encode(position: int, done: Iterable[int]) -> str:
     return PREFIX + base64.urlsafe_b64encode(bytes(runs)).decode("ascii")
 
 
+def encode_except(position: int, end: int, not_done: list[int]) -> str:
+    """The metadata for a commit at ``position`` when every record from it up to
+    ``end`` (excluded) is dealt with but those at ``not_done`` (ascending, from
+    ``position``); as :func:`encode` of those records, without listing each."""
+    runs = bytearray()
+    limit = (MAX_CHARS - len(PREFIX)) * 3 // 4 - 20
+    cursor, index, count = position, 0, len(not_done)
+    while index < count and not_done[index] < cursor:
+        index += 1  # before the position: not beyond it
+    while cursor < end and len(runs) <= limit:
+        first = cursor
+        while index < count and not_done[index] == cursor:
+            cursor += 1
+            index += 1
+        stop = min(not_done[index] if index < count else end, end)
+        if stop <= cursor:
+            break
+        _varint(cursor - first, runs)
+        _varint(stop - cursor, runs)
+        cursor = stop
+    if not runs:
+        return ""
+    return PREFIX + base64.urlsafe_b64encode(bytes(runs)).decode("ascii")
+
+
 def decode(metadata: str | None, position: int) -> frozenset[int]:
     """The offsets a commit at ``position`` named as dealt with; none for metadata this
     module did not write (another tool's, or damaged)."""

@@ -6,16 +6,26 @@ of a held key read from the source goes to the service behind it
 (``redrive-order: behind``) instead of reaching its handler. The service delivers a
 key's queue one record at a time, to the route's source or its per-group topic, and
 the App releases each once it is done with it (``redrive-order: release``).
+
+While a key's head waits for a short retry, the records read behind it are kept in the
+App instead (:mod:`redrive.consumer.kept_lines`) and handled as soon as the head is
+done: no round trip each. A route whose records must go through its gates one at a
+time in its loop (async and batch handlers, a breaker, a dead-letter brake) sends
+them to the service, as does any key after a restart (whether its queue in the service
+has records behind its head is not known then).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import structlog
 
+from redrive.clock import now_ms
 from redrive.consumer.held_keys import HeldKeys
+from redrive.consumer.kept_lines import SHORT_RETRY_MS, KeptLines, Line
 from redrive.consumer.key_order import KeyOrder
 from redrive.consumer.message import Message
 from redrive.consumer.metrics import ConsumerMetrics
@@ -38,44 +48,92 @@ class ServiceQueues(KeyOrder):
         publisher: Publisher,
         metrics: ConsumerMetrics,
         held: HeldKeys,
+        keeping: Mapping[str, Route] | None = None,
     ) -> None:
         self.group = group
         self.requests_topic = requests_topic
         self.publisher = publisher
         self.metrics = metrics
         self.held = held
+        self.keeping = dict(keeping or {})
+        """The routes (by topic) whose records behind a head may be kept in the App."""
+        self.kept = KeptLines()
+        self.ready: deque[tuple[str, Line]] = deque()
+        """Lines whose head is done, by route topic: to be handled now, in order
+        (:meth:`redrive.consumer.pipeline.Pipeline.drain`)."""
 
     def goes_behind(self, route: Route, message: Message) -> bool:
         # A redelivery is the service's: its turn came. Unkeyed records keep no order.
         key = message.key
         if message.retry is not None or key is None:
             return False
-        if self.held.last(message.topic, message.partition, key) is None:
+        where = (message.topic, message.partition)
+        if self.kept.keeping(where, key):
+            if self.kept.keep(message):
+                self._waits(route, message, "app")
+                return True
+            self._send_line(route, where, key)  # the partition's bound: to the service
+        elif self.held.last(message.topic, message.partition, key) is None:
             return False
+        self._send_behind(route, message)
+        return True
+
+    def _send_behind(self, route: Route, message: Message) -> None:
+        """The record goes to the service, behind its key's last record there."""
+        assert message.key is not None
         read_at = (message.topic, message.partition, message.offset)
         request = put_behind(self.group, route.redelivery_topic, read_at, message.timestamp_ms)
         self.publisher.send(
             self.requests_topic,
-            key=key,
+            key=message.key,
             value=message.raw_value,
             user_headers=message.headers,
             redrive=request,
         )
-        self.held.hold(message.topic, message.partition, key, message.offset)
+        self.held.hold(message.topic, message.partition, message.key, message.offset)
+        self._waits(route, message, "service")
+
+    def _waits(self, route: Route, message: Message, where: str) -> None:
         self.metrics.records.labels(route.topic, "held_behind").inc()
         log.info(
             "record waits behind its key's retry",
             topic=message.topic,
             partition=message.partition,
             offset=message.offset,
+            kept_in=where,
         )
-        return True
+
+    def _send_line(self, route: Route, where: tuple[str, int], key: bytes) -> None:
+        """A key's kept line goes to the service, in order, behind its head."""
+        for message in self.kept.take(where, key):
+            self._send_behind(route, message)
+
+    def send_overdue(self) -> None:
+        """Lines kept too long (their head not back) go to the service: they hold their
+        partition's committed position back."""
+        for where, key in list(self.kept.overdue()):
+            log.warning(
+                "key's head not back in time; the records behind it go to the service",
+                topic=where[0],
+                partition=where[1],
+            )
+            self._send_line(self.keeping[where[0]], where, key)
 
     def handed_off(self, route: Route, request: RetryHeaders, key: bytes, to: str) -> None:
         topic, partition = request.original_topic, request.original_partition
         offset = request.original_offset
-        if topic is not None and partition is not None and offset is not None:
-            self.held.hold(topic, partition, key, offset)
+        if topic is None or partition is None or offset is None:
+            return
+        head = self.held.last(topic, partition, key) is None
+        self.held.hold(topic, partition, key, offset)
+        if route.topic not in self.keeping:
+            return
+        where = (topic, partition)
+        if request.retry_at - now_ms() <= SHORT_RETRY_MS:
+            if head:
+                self.kept.start(where, key)
+        elif self.kept.keeping(where, key):
+            self._send_line(route, where, key)  # a long wait: not in the App's memory
 
     def release(self, route: Route, delivery: RetryHeaders, key: bytes | None) -> None:
         release = released(self.group, delivery)
@@ -86,11 +144,17 @@ class ServiceQueues(KeyOrder):
         )
         topic, partition = release.original_topic, release.original_partition
         offset = release.original_offset
-        if key is not None and topic is not None and partition is not None and offset is not None:
-            self.held.done(topic, partition, key, offset)
+        if key is None or topic is None or partition is None or offset is None:
+            return
+        if self.held.done(topic, partition, key, offset):
+            line = self.kept.take((topic, partition), key)
+            if line:
+                self.ready.append((route.topic, line))
 
     def load(self, config: Mapping[str, Any], partitions: Iterable[Partition]) -> None:
         self.held.load(config, partitions)
 
     def forget(self, partitions: Iterable[Partition]) -> None:
+        partitions = list(partitions)
         self.held.forget(partitions)
+        self.kept.forget(partitions)

@@ -12,6 +12,11 @@ Invariants:
   first record not dealt with in the batch, then pauses them all (until the breaker's
   open time is over; the failed record's own partition until its retry is due too);
   each turn first moves the breakers whose open time is over to half-open;
+- a record behind a held key may be kept in memory (:mod:`redrive.consumer.kept_lines`)
+  and counts as dealt with here: the offsets' tracker holds the committed position at
+  it; the records kept behind a key whose head was just done are handled right after
+  the record that did it, before any later record; a record the last commit named as
+  dealt with beyond its position is skipped (:mod:`redrive.consumer.done_before`);
 - the loop never sleeps: the poll timeout shrinks to the next due time;
 - a record of an async route (``async def`` handler) is taken into its lane
   (:mod:`redrive.consumer.async_records`), and its position moves once it is dealt
@@ -101,6 +106,8 @@ def poll_once(
     positions: dict[Partition, int] = {}
     records.handled.clear()
     process = records.process
+    ready = records.ready
+    skipped = records.done_before
     waiting = pauses.active  # refreshed when a record makes its partition wait
     batched = batches.topics if batches is not None else None
     asyncs = async_records.topics if async_records is not None else None
@@ -142,11 +149,18 @@ def poll_once(
                 waiting = True
                 rewound.add(tp)
             continue  # else in its batch, positioned once the batch is through
+        if skipped.by_partition and skipped.skip(tp, offset):
+            # Dealt with before a restart or rewind, named so by the last commit.
+            records.skipped(topic, partition, offset)
+            positions[tp] = offset
+            continue
         try:
             outcome = process(record, topic, partition, offset)
         except Exception as exc:  # noqa: BLE001 - no record may stop the consumer
             records.unprocessable(record, topic, partition, offset, exc)
             outcome = None
+        if ready:  # keys whose head is done: the records kept behind them, now
+            records.drain()
         if outcome is None:
             positions[tp] = offset
             continue

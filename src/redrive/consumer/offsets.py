@@ -25,11 +25,21 @@ class OffsetTracker:
         self.done_beyond: Callable[[Partition], list[int]] | None = None
         """The records dealt with after a partition's position, if they may be (async
         handlers end out of order): named in the commit's metadata."""
+        self.kept: Callable[[Partition], list[int]] | None = None
+        """The records of a partition read but not dealt with yet (kept behind a held
+        key), ascending: the position is held at the first, and the records after it
+        but these are named in the commit's metadata."""
 
-    def _metadata(self, partition: Partition, position: int) -> str:
+    def _position(self, partition: Partition, position: int) -> tuple[int, str]:
+        """The offset to commit for a partition whose records before ``position`` were
+        read, and its metadata."""
+        if self.kept is not None:
+            kept = self.kept(partition)
+            if kept and kept[0] < position:
+                return kept[0], done_ahead.encode_except(kept[0], position, kept)
         if self.done_beyond is None:
-            return ""
-        return done_ahead.encode(position, self.done_beyond(partition))
+            return position, ""
+        return position, done_ahead.encode(position, self.done_beyond(partition))
 
     def mark(self, partition: Partition, offset: int) -> None:
         """The record at `offset` is dealt with: the position moves past it."""
@@ -42,7 +52,7 @@ class OffsetTracker:
         for (topic, partition), offset in self._next.items():
             if partitions is not None and (topic, partition) not in partitions:
                 continue
-            metadata = self._metadata((topic, partition), offset)
+            offset, metadata = self._position((topic, partition), offset)
             if self._committed.get((topic, partition)) != (offset, metadata):
                 wanted.append(TopicPartition(topic, partition, offset, metadata=metadata))
         return wanted

@@ -24,18 +24,21 @@ per turn (:attr:`Outcomes.handled`).
 from __future__ import annotations
 
 import inspect
+from collections import deque
 from collections.abc import Mapping
 
 import structlog
 from confluent_kafka import Message as KafkaMessage
 
 from redrive.consumer.brakes import Brakes
+from redrive.consumer.done_before import DoneBefore
 from redrive.consumer.errors import (
     DeserializationError,
     UnprocessableRecordError,
     UnreadableHeadersError,
 )
 from redrive.consumer.handlers import refuse_awaitable
+from redrive.consumer.kept_lines import Line
 from redrive.consumer.message import Message
 from redrive.consumer.outcomes import InPlace, Outcomes, safe_repr
 from redrive.consumer.routes import Kind, Route
@@ -63,6 +66,7 @@ class Pipeline:
         outcomes: Outcomes,
         breakers: Breakers,
         brakes: Brakes | None = None,
+        ready: deque[tuple[str, Line]] | None = None,
     ) -> None:
         self.group = group
         self.reads: dict[str, Read] = {
@@ -75,6 +79,10 @@ class Pipeline:
         """The routes' dead-letter brakes (the loop ticks them each turn)."""
         self.in_place = outcomes.in_place
         self.handled = outcomes.handled
+        self.ready: deque[tuple[str, Line]] = deque() if ready is None else ready
+        """Kept lines whose head is done (:meth:`drain`)."""
+        self.done_before = DoneBefore()
+        """Records a partition's last commit named as dealt with beyond its position."""
 
     def process(self, record: KafkaMessage, topic: str, partition: int, offset: int) -> Wait | None:
         """Deal with one record; None when it is dealt with, else how long to wait."""
@@ -89,6 +97,10 @@ class Pipeline:
         state = self.in_place.get((topic, partition)) if self.in_place else None
         if state is not None and state.offset != offset:
             state = None
+        return self.handle(steps, message, state)
+
+    def handle(self, steps: Steps, message: Message, state: InPlace | None) -> Wait | None:
+        """A record past its gates: its handler, then its outcome."""
         route = steps.route
         try:
             result = route.handler(message)
@@ -103,10 +115,54 @@ class Pipeline:
         if message.retry is not None:
             self.outcomes.delivery_done(steps, message)
         if state is not None:
-            del self.in_place[(topic, partition)]
+            del self.in_place[(message.topic, message.partition)]
         if steps.circuit is not None:
             steps.circuit.succeeded()
         return None
+
+    def drain(self) -> None:
+        """The records kept behind keys whose head is done, each line in offset order,
+        before any later record of their keys (:mod:`redrive.consumer.kept_lines`).
+        Each goes through its route's gates again: behind a record of its line that
+        failed meanwhile, it is kept again."""
+        ready = self.ready
+        while ready:
+            topic, line = ready.popleft()
+            steps = self.reads[topic][0]
+            while line:
+                message = line.popleft()
+                try:
+                    if self.gate(steps, message) is None:
+                        self.handle(steps, message, None)
+                except Exception as exc:  # noqa: BLE001 - no record may stop the consumer
+                    self._kept_unprocessable(steps, message, exc)
+
+    def _kept_unprocessable(self, steps: Steps, message: Message, cause: Exception) -> None:
+        """redrive failed on a kept record: a dead letter, as :meth:`unprocessable`."""
+        log.exception(
+            "cannot process record; dead-lettering it",
+            topic=message.topic,
+            partition=message.partition,
+            offset=message.offset,
+        )
+        shown = safe_repr(cause)
+        error = UnprocessableRecordError(f"redrive could not process this record: {shown}")
+        error.__cause__ = cause
+        failure = FailedRecord(
+            message.topic,
+            message.partition,
+            message.offset,
+            message.timestamp_ms,
+            message.key,
+            message.raw_value,
+            message.headers,
+            None,
+            message.attempt,
+            message.replay,
+        )
+        self.outcomes.reject(
+            steps, failure, error, f"redrive could not process this record ({shown})"
+        )
 
     def gate(self, steps: Steps, message: Message) -> Wait | DealtWith | None:
         """The route's gates for a record read already (async runners): None lets it
@@ -193,6 +249,14 @@ class Pipeline:
             failures + 1,
             delivery,
             replay=replay,
+        )
+
+    def skipped(self, topic: str, partition: int, offset: int) -> None:
+        """A record the last commit named as dealt with was read again: skipped."""
+        steps, _ = self.reads[topic]
+        self.outcomes.metrics.records.labels(steps.route.topic, "repeat_skipped").inc()
+        log.info(
+            "record dealt with before skipped", topic=topic, partition=partition, offset=offset
         )
 
     def _skip_repeat(

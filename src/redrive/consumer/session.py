@@ -89,8 +89,8 @@ class Session:
         breakers = Breakers.of(
             ((r.topic, r.breaker) for r in routes.values()), metrics, hooks.on_breaker
         )
-        orders = KeyOrders.of(
-            settings.group, settings.requests_topic, publisher, metrics, routes.values()
+        orders = self.orders = KeyOrders.of(
+            settings.group, settings.requests_topic, publisher, metrics, routes.values(), batched
         )
         outcomes = Outcomes(
             settings.group,
@@ -109,7 +109,10 @@ class Session:
             outcomes,
             breakers,
             self.brakes,
+            orders.service.ready if orders.service is not None else None,
         )
+        if orders.service is not None:
+            self.offsets.kept = orders.service.kept.offsets
         self.pauses = PauseBook(self.consumer)
         self.batches = Batches(self.records, dict(batched)) if batched else None
         self.async_records = AsyncRecords.of(
@@ -160,6 +163,8 @@ class Session:
         if now - self._last_commit >= self.settings.polling.commit_interval_s:
             self.assignment.commit(asynchronous=True)
             self._last_commit = time.monotonic()
+        if self.orders.service is not None and self.orders.service.kept.count():
+            self.orders.service.send_overdue()
         if self.assignment.rejoin.due(now):
             self.assignment.subscribe_again()
 

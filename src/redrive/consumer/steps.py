@@ -136,12 +136,26 @@ class KeyOrders:
         publisher: Publisher,
         metrics: ConsumerMetrics,
         routes: Iterable[Route],
+        batched: Iterable[str] = (),
     ) -> KeyOrders:
+        """``batched``: the topics of batch routes."""
         routes = list(routes)
         held = HeldKeys.of(publisher, routes)
         lines = KeyLines.of(publisher, routes)
+        batches = set(batched)
+        # Records kept behind a key are handled one by one from the sync loop, through
+        # the key-order gate alone.
+        keeping = {
+            r.topic: r
+            for r in routes
+            if r.topic in held.held_topics
+            and not r.is_async
+            and r.topic not in batches
+            and r.breaker is None
+            and r.dead_letter_brake is None
+        }
         return cls(
-            ServiceQueues(group, requests_topic, publisher, metrics, held)
+            ServiceQueues(group, requests_topic, publisher, metrics, held, keeping)
             if held.held_topics
             else None,
             TierLines(group, publisher, metrics, lines) if lines.held_topics else None,

@@ -1,0 +1,115 @@
+"""Kept lines: the records behind a held key kept in the App's memory while the key's
+head waits for a short retry in the retry service (``Service(ordering="key")``).
+
+A record read behind a held key costs, sent to the service, a request, a row, a
+delivery and a release. While the head's retry is short, the records behind it are
+kept here instead, in their key's line, and handled in offset order as soon as the
+head is done (:meth:`redrive.consumer.pipeline.Pipeline.drain`); a failure among
+them makes that record the key's new head, the rest staying behind it.
+
+Durable without a write per record: a partition's committed position stays at its
+first kept record, and the records after it that were dealt with are named in the
+commit's metadata (:mod:`redrive.consumer.done_ahead`), so a crash or rebalance reads
+the kept records again and skips the others; read again behind a key that is still
+held, they go to the service behind it, as any record of a held key then does.
+
+Invariant: a kept record is either in its key's line here (its partition's position
+held at or before it) or taken out to be handled at once, in offset order, before any
+later record of its key; a key has a line only while it is held. Bounded: at most
+:attr:`KeptLines.most` records per partition (the metadata must fit Kafka's default
+limit of 4,096 characters), none kept longer than :attr:`KeptLines.longest_s`; past
+either, a key's line goes to the service (:meth:`take`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from typing import Final
+
+from redrive.consumer.message import Message
+from redrive.consumer.offsets import Partition
+
+MOST_PER_PARTITION: Final = 500
+"""Kept records per partition: each costs at most two varints in the commit's
+metadata, so they fit under Kafka's default ``offset.metadata.max.bytes``."""
+LONGEST_S: Final = 30.0
+"""How long a line may hold its partition's position back before it goes to the
+service (a head that does not come back, say the service is down)."""
+SHORT_RETRY_MS: Final = 5_000
+"""A head whose retry is due within this keeps its line in memory; a longer one sends
+the records behind it to the service."""
+
+Line = deque[Message]
+
+
+class KeptLines:
+    """The kept lines of the partitions this App owns (see the module)."""
+
+    def __init__(self, most: int = MOST_PER_PARTITION, longest_s: float = LONGEST_S) -> None:
+        self.most = most
+        self.longest_s = longest_s
+        self.by_partition: dict[Partition, dict[bytes, tuple[float, Line]]] = {}
+        """Per partition: key -> (when its line started, the line)."""
+        self._counts: dict[Partition, int] = {}
+
+    def keeping(self, partition: Partition, key: bytes) -> bool:
+        """Whether ``key``'s records go to its line here."""
+        lines = self.by_partition.get(partition)
+        return lines is not None and key in lines
+
+    def start(self, partition: Partition, key: bytes) -> None:
+        """``key`` was handed off as its line's head: records read behind it are kept
+        (a line already there stays, its records behind the new head)."""
+        lines = self.by_partition.setdefault(partition, {})
+        if key not in lines:
+            lines[key] = (time.monotonic(), deque())
+
+    def keep(self, message: Message) -> bool:
+        """Keep a record read behind its key's head; False when its partition's bound is
+        reached (the caller sends the key's line to the service)."""
+        partition = (message.topic, message.partition)
+        count = self._counts.get(partition, 0)
+        if count >= self.most:
+            return False
+        _, line = self.by_partition[partition][message.key]  # type: ignore[index]
+        if line and line[-1].offset >= message.offset:
+            return True  # read again after a rewind: it is in the line already
+        line.append(message)
+        self._counts[partition] = count + 1
+        return True
+
+    def take(self, partition: Partition, key: bytes) -> Line:
+        """The key's line, out of here: to be handled now or sent to the service."""
+        lines = self.by_partition.get(partition)
+        if lines is None or key not in lines:
+            return deque()
+        _, line = lines.pop(key)
+        self._counts[partition] = self._counts.get(partition, 0) - len(line)
+        return line
+
+    def offsets(self, partition: Partition) -> list[int]:
+        """The offsets of a partition's kept records, ascending."""
+        lines = self.by_partition.get(partition)
+        if not lines or not self._counts.get(partition):
+            return []
+        return sorted(message.offset for _, line in lines.values() for message in line)
+
+    def overdue(self) -> Iterator[tuple[Partition, bytes]]:
+        """The lines kept longer than :attr:`longest_s`."""
+        oldest = time.monotonic() - self.longest_s
+        for partition, lines in list(self.by_partition.items()):
+            for key, (started, line) in list(lines.items()):
+                if line and started < oldest:
+                    yield partition, key
+
+    def count(self) -> int:
+        return sum(self._counts.values())
+
+    def forget(self, partitions: Iterable[Partition]) -> None:
+        """Partitions leave this App (or are rewound): their kept records are read again
+        from the committed position."""
+        for partition in partitions:
+            self.by_partition.pop(partition, None)
+            self._counts.pop(partition, None)
