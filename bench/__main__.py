@@ -189,6 +189,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
                         },
                     )
                 )
+            results += _key_order_costs(ordered, paths)
             results += _signed_consumer(c["json"], paths)
             results += _share(stack.bootstrap, size["consumer_service"], rounds)
         if "spark" in chosen:
@@ -321,6 +322,35 @@ def _service_end_to_end(
                 )
             )
     return results
+
+
+def _key_order_costs(
+    tiers: dict[str, dict[str, float]], paths: dict[str, dict[str, float]]
+) -> list[Result]:
+    """Benchmark 5's ordered failure rows against their unordered peers of the same run:
+    the tiers (with transactions), the service delivering to the source topic, and to
+    the group's own topic."""
+    rows = []
+    for name, ordered, unordered in (
+        ("tiers", tiers["fail 10%, txn, key order"], tiers["fail 10%, txn"]),
+        ("service", paths["service fail 10%, key order"], paths["service fail 10%"]),
+        (
+            "service, per-group topic",
+            paths["service fail 10%, per-group topic, key order"],
+            paths["service fail 10%, per-group topic"],
+        ),
+    ):
+        cost = ordered["per_s"] / unordered["per_s"]
+        rows.append(
+            Result(
+                f"5 consumer {name} fail 10%, key order vs unordered",
+                f"{cost:.2f}x of the unordered row",
+                ">= 0.5x",
+                cost >= 0.5,
+                {"per_s": round(ordered["per_s"]), "unordered_per_s": round(unordered["per_s"])},
+            )
+        )
+    return rows
 
 
 def _signed_consumer(

@@ -150,7 +150,8 @@ def service_process(
         "REDRIVE_DATABASE_URL": database_url,
         "REDRIVE_REQUESTS_TOPIC": requests_topic,
         "REDRIVE_GROUP_ID": f"bench-{name}",
-        "REDRIVE_ALLOWED_DESTINATIONS": f'["{destination}"]',
+        # The topic, and its per-group retry topics (``<group>.<topic>.retry``).
+        "REDRIVE_ALLOWED_DESTINATIONS": json.dumps([destination, f"*.{destination}.retry"]),
         "REDRIVE_INTAKE_BATCH_SIZE": "2000",
         "REDRIVE_SCHEDULER_BATCH_SIZE": "2000",
     }

@@ -1,9 +1,10 @@
 """Kept lines: the records behind a held key kept in the App's memory while the key's
-head waits for a short retry in the retry service (``Service(ordering="key")``).
+head waits for a short retry (``ordering="key"``, in the retry service or a tier).
 
 A record read behind a held key costs, sent to the service, a request, a row, a
-delivery and a release. While the head's retry is short, the records behind it are
-kept here instead, in their key's line, and handled in offset order as soon as the
+delivery and a release; copied behind it in a tier, a copy, and one more each time a
+record before it fails again. While the head's retry is short, the records behind it
+are kept here instead, in their key's line, and handled in offset order as soon as the
 head is done (:meth:`redrive.consumer.pipeline.Pipeline.drain`); a failure among
 them makes that record the key's new head, the rest staying behind it.
 
@@ -11,25 +12,36 @@ Durable without a write per record: a partition's committed position stays at it
 first kept record, and the records after it that were dealt with are named in the
 commit's metadata (:mod:`redrive.consumer.done_ahead`), so a crash or rebalance reads
 the kept records again and skips the others; read again behind a key that is still
-held, they go to the service behind it, as any record of a held key then does.
+held, they go behind it in the service or its tier, as any record of a held key then
+does (the held-keys topic says which keys wait; it does not say what it kept).
 
 Invariant: a kept record is either in its key's line here (its partition's position
 held at or before it) or taken out to be handled at once, in offset order, before any
 later record of its key; a key has a line only while it is held. Bounded: at most
 :attr:`KeptLines.most` records per partition (the metadata must fit Kafka's default
-limit of 4,096 characters), none kept longer than :attr:`KeptLines.longest_s`; past
-either, a key's line goes to the service (:meth:`take`).
+limit of 4,096 characters): a partition whose bound is reached waits, its record
+read again a moment later, as the head of a line coming back makes room (where heads
+come back on another topic: a tier, a per-group retry topic; where they come back at
+the end of the same partition, which may not wait for them, the key's line goes to
+the service instead); none kept
+longer than :attr:`KeptLines.longest_s` (a head that does not come back), past which
+a key's line goes where its head waits (:meth:`take`).
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Container, Iterable
 from typing import Final
 
+import structlog
+
+from redrive.clock import now_ms
 from redrive.consumer.message import Message
 from redrive.consumer.offsets import Partition
+
+log = structlog.get_logger("redrive.consumer")
 
 MOST_PER_PARTITION: Final = 500
 """Kept records per partition: each costs at most two varints in the commit's
@@ -37,6 +49,9 @@ metadata, so they fit under Kafka's default ``offset.metadata.max.bytes``."""
 LONGEST_S: Final = 30.0
 """How long a line may hold its partition's position back before it goes to the
 service (a head that does not come back, say the service is down)."""
+FULL_WAIT_MS: Final = 50
+"""How long a partition whose bound is reached waits before its record is read again
+(a head coming back makes room)."""
 SHORT_RETRY_MS: Final = 5_000
 """A head whose retry is due within this keeps its line in memory; a longer one sends
 the records behind it to the service."""
@@ -53,6 +68,9 @@ class KeptLines:
         self.by_partition: dict[Partition, dict[bytes, tuple[float, Line]]] = {}
         """Per partition: key -> (when its line started, the line)."""
         self._counts: dict[Partition, int] = {}
+        self.ready: deque[tuple[str, Line]] = deque()
+        """Lines whose head is done, by topic: to be handled now, in order
+        (:meth:`redrive.consumer.pipeline.Pipeline.drain`)."""
 
     def keeping(self, partition: Partition, key: bytes) -> bool:
         """Whether ``key``'s records go to its line here."""
@@ -66,12 +84,23 @@ class KeptLines:
         if key not in lines:
             lines[key] = (time.monotonic(), deque())
 
-    def keep(self, message: Message) -> bool:
+    def handed_off(self, partition: Partition, key: bytes, head: bool, due_ms: int) -> bool:
+        """A record of ``key`` was handed off for a retry due at ``due_ms``; ``head``: its
+        key held by nothing before. True when the key's line must go where the record
+        waits now (its retry is long)."""
+        if due_ms - now_ms() <= SHORT_RETRY_MS:
+            if head:
+                self.start(partition, key)
+            return False
+        return self.keeping(partition, key)
+
+    def keep(self, message: Message, bounded: bool = True) -> bool:
         """Keep a record read behind its key's head; False when its partition's bound is
-        reached (the caller sends the key's line to the service)."""
+        reached (``bounded``: a record read from its partition; one of a line being
+        handled, put back behind a new head, was counted already)."""
         partition = (message.topic, message.partition)
         count = self._counts.get(partition, 0)
-        if count >= self.most:
+        if bounded and count >= self.most:
             return False
         _, line = self.by_partition[partition][message.key]  # type: ignore[index]
         if line and line[-1].offset >= message.offset:
@@ -89,6 +118,13 @@ class KeptLines:
         self._counts[partition] = self._counts.get(partition, 0) - len(line)
         return line
 
+    def ready_after(self, partition: Partition, key: bytes) -> None:
+        """The head of ``key``'s line is done and the key free: its kept records, if any,
+        are to be handled now."""
+        line = self.take(partition, key)
+        if line:
+            self.ready.append((partition[0], line))
+
     def offsets(self, partition: Partition) -> list[int]:
         """The offsets of a partition's kept records, ascending."""
         lines = self.by_partition.get(partition)
@@ -96,13 +132,23 @@ class KeptLines:
             return []
         return sorted(message.offset for _, line in lines.values() for message in line)
 
-    def overdue(self) -> Iterator[tuple[Partition, bytes]]:
-        """The lines kept longer than :attr:`longest_s`."""
+    def overdue(self, topics: Container[str]) -> list[tuple[Partition, bytes]]:
+        """The lines of these topics kept longer than :attr:`longest_s` (logged)."""
         oldest = time.monotonic() - self.longest_s
-        for partition, lines in list(self.by_partition.items()):
-            for key, (started, line) in list(lines.items()):
-                if line and started < oldest:
-                    yield partition, key
+        found = [
+            (partition, key)
+            for partition, lines in self.by_partition.items()
+            if partition[0] in topics
+            for key, (started, line) in lines.items()
+            if line and started < oldest
+        ]
+        for (topic, partition), _ in found:
+            log.warning(
+                "key's head not back in time; the records behind it go where it waits",
+                topic=topic,
+                partition=partition,
+            )
+        return found
 
     def count(self) -> int:
         return sum(self._counts.values())

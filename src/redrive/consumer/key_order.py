@@ -29,6 +29,7 @@ from redrive.consumer.key_lines import check_key_lines
 from redrive.consumer.message import Message
 from redrive.consumer.offsets import Partition
 from redrive.consumer.routes import Route
+from redrive.consumer.strategies import Wait
 from redrive.headers import RetryHeaders
 
 
@@ -36,9 +37,10 @@ class KeyOrder(ABC):
     """How the ordered routes of one kind keep their keys in order (see the module)."""
 
     @abstractmethod
-    def goes_behind(self, route: Route, message: Message) -> bool:
+    def goes_behind(self, route: Route, message: Message) -> bool | Wait:
         """Whether a record goes behind the record its key waits for (True: dealt
-        with so, it does not reach its handler)."""
+        with so, it does not reach its handler); a Wait when it is to, but there is no
+        room yet (its partition waits)."""
 
     @abstractmethod
     def handed_off(self, route: Route, request: RetryHeaders, key: bytes, to: str) -> None:

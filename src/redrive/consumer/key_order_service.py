@@ -17,7 +17,6 @@ has records behind its head is not known then).
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -25,13 +24,14 @@ import structlog
 
 from redrive.clock import now_ms
 from redrive.consumer.held_keys import HeldKeys
-from redrive.consumer.kept_lines import SHORT_RETRY_MS, KeptLines, Line
+from redrive.consumer.kept_lines import FULL_WAIT_MS, KeptLines
 from redrive.consumer.key_order import KeyOrder
 from redrive.consumer.message import Message
 from redrive.consumer.metrics import ConsumerMetrics
 from redrive.consumer.offsets import Partition
 from redrive.consumer.publisher import Publisher
 from redrive.consumer.routes import Route
+from redrive.consumer.strategies import Wait
 from redrive.headers import RetryHeaders
 from redrive.router import put_behind, released
 
@@ -48,21 +48,19 @@ class ServiceQueues(KeyOrder):
         publisher: Publisher,
         metrics: ConsumerMetrics,
         held: HeldKeys,
-        keeping: Mapping[str, Route] | None = None,
+        kept: KeptLines,
+        keeping: Mapping[str, Route],
     ) -> None:
         self.group = group
         self.requests_topic = requests_topic
         self.publisher = publisher
         self.metrics = metrics
         self.held = held
-        self.keeping = dict(keeping or {})
+        self.kept = kept
+        self.keeping = dict(keeping)
         """The routes (by topic) whose records behind a head may be kept in the App."""
-        self.kept = KeptLines()
-        self.ready: deque[tuple[str, Line]] = deque()
-        """Lines whose head is done, by route topic: to be handled now, in order
-        (:meth:`redrive.consumer.pipeline.Pipeline.drain`)."""
 
-    def goes_behind(self, route: Route, message: Message) -> bool:
+    def goes_behind(self, route: Route, message: Message) -> bool | Wait:
         # A redelivery is the service's: its turn came. Unkeyed records keep no order.
         key = message.key
         if message.retry is not None or key is None:
@@ -72,7 +70,10 @@ class ServiceQueues(KeyOrder):
             if self.kept.keep(message):
                 self._waits(route, message, "app")
                 return True
-            self._send_line(route, where, key)  # the partition's bound: to the service
+            if route.per_group_topic:  # the heads come back on another topic: room soon
+                return Wait(now_ms() + FULL_WAIT_MS)
+            # They come back at the end of this partition: it may not wait for them.
+            self._send_line(route, where, key)
         elif self.held.last(message.topic, message.partition, key) is None:
             return False
         self._send_behind(route, message)
@@ -111,12 +112,7 @@ class ServiceQueues(KeyOrder):
     def send_overdue(self) -> None:
         """Lines kept too long (their head not back) go to the service: they hold their
         partition's committed position back."""
-        for where, key in list(self.kept.overdue()):
-            log.warning(
-                "key's head not back in time; the records behind it go to the service",
-                topic=where[0],
-                partition=where[1],
-            )
+        for where, key in self.kept.overdue(self.keeping):
             self._send_line(self.keeping[where[0]], where, key)
 
     def handed_off(self, route: Route, request: RetryHeaders, key: bytes, to: str) -> None:
@@ -126,14 +122,10 @@ class ServiceQueues(KeyOrder):
             return
         head = self.held.last(topic, partition, key) is None
         self.held.hold(topic, partition, key, offset)
-        if route.topic not in self.keeping:
-            return
-        where = (topic, partition)
-        if request.retry_at - now_ms() <= SHORT_RETRY_MS:
-            if head:
-                self.kept.start(where, key)
-        elif self.kept.keeping(where, key):
-            self._send_line(route, where, key)  # a long wait: not in the App's memory
+        if route.topic in self.keeping and self.kept.handed_off(
+            (topic, partition), key, head, request.retry_at
+        ):
+            self._send_line(route, (topic, partition), key)  # a long wait: not in memory
 
     def release(self, route: Route, delivery: RetryHeaders, key: bytes | None) -> None:
         release = released(self.group, delivery)
@@ -147,9 +139,7 @@ class ServiceQueues(KeyOrder):
         if key is None or topic is None or partition is None or offset is None:
             return
         if self.held.done(topic, partition, key, offset):
-            line = self.kept.take((topic, partition), key)
-            if line:
-                self.ready.append((route.topic, line))
+            self.kept.ready_after((topic, partition), key)
 
     def load(self, config: Mapping[str, Any], partitions: Iterable[Partition]) -> None:
         self.held.load(config, partitions)

@@ -8,6 +8,12 @@ when it is not its line's head is moved behind the record before it; a stale cop
 (its record's live copy is elsewhere) is skipped. Only the head reaches its handler.
 A line holds records of the source alone: a record another producer wrote to a tier,
 or a retry of one, is handled without order (its offset is not the source's).
+
+While a line's head waits for a short retry, the records read behind it are kept in
+the App instead of copied (:mod:`redrive.consumer.kept_lines`), and handled as soon as
+the head is done: a line moves no copies then. A route whose records must go through
+its gates one at a time in its loop (async and batch handlers, a dead-letter brake)
+copies them, as does any line after a restart.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from typing import Any
 
 import structlog
 
+from redrive.clock import now_ms
+from redrive.consumer.kept_lines import FULL_WAIT_MS, KeptLines
 from redrive.consumer.key_lines import KeyLines
 from redrive.consumer.key_order import KeyOrder
 from redrive.consumer.message import Message
@@ -24,6 +32,7 @@ from redrive.consumer.metrics import ConsumerMetrics
 from redrive.consumer.offsets import Partition
 from redrive.consumer.publisher import Publisher
 from redrive.consumer.routes import Route
+from redrive.consumer.strategies import Wait
 from redrive.headers import RetryHeaders
 from redrive.router import moved_behind, put_behind
 
@@ -34,14 +43,23 @@ class TierLines(KeyOrder):
     """The key lines of the App's routes keeping key order in their tiers."""
 
     def __init__(
-        self, group: str, publisher: Publisher, metrics: ConsumerMetrics, lines: KeyLines
+        self,
+        group: str,
+        publisher: Publisher,
+        metrics: ConsumerMetrics,
+        lines: KeyLines,
+        kept: KeptLines,
+        keeping: Mapping[str, Route],
     ) -> None:
         self.group = group
         self.publisher = publisher
         self.metrics = metrics
         self.lines = lines
+        self.kept = kept
+        self.keeping = dict(keeping)
+        """The routes (by topic) whose records behind a head may be kept in the App."""
 
-    def goes_behind(self, route: Route, message: Message) -> bool:
+    def goes_behind(self, route: Route, message: Message) -> bool | Wait:
         key = message.key
         if key is None:  # unkeyed records keep no order
             return False
@@ -50,22 +68,15 @@ class TierLines(KeyOrder):
         if delivery is None and message.topic != topic:
             return False  # written to a tier by another producer: no record of the source
         if delivery is None:  # from the source: behind the line's last, if any
-            if not lines.held(topic, partition, key):
+            where = (topic, partition)
+            if self.kept.keeping(where, key):
+                if self.kept.keep(message):
+                    self._waits(route, message, "app")
+                    return True
+                return Wait(now_ms() + FULL_WAIT_MS)  # the partition's bound: room soon
+            elif not lines.held(topic, partition, key):
                 return False
-            place = lines.tail(topic, partition, key)
-            read_at = (message.topic, partition, message.offset)
-            self._copy(
-                message, place, put_behind(self.group, route.topic, read_at, message.timestamp_ms)
-            )
-            lines.append(topic, partition, key, message.offset, place)
-            self.metrics.records.labels(route.topic, "held_behind").inc()
-            log.info(
-                "record waits behind its key's retry",
-                topic=message.topic,
-                partition=partition,
-                offset=message.offset,
-                behind_in=place,
-            )
+            self._put_behind(route, message)
             return True
         offset = delivery.original_offset
         if (
@@ -97,6 +108,38 @@ class TierLines(KeyOrder):
         copy_log.info("record moved behind the one before it in its key's line", to=place)
         return True
 
+    def _put_behind(self, route: Route, message: Message) -> None:
+        """A record read from the source behind its line's last, as a copy there."""
+        assert message.key is not None
+        place = self.lines.tail(route.topic, message.partition, message.key)
+        read_at = (message.topic, message.partition, message.offset)
+        self._copy(
+            message, place, put_behind(self.group, route.topic, read_at, message.timestamp_ms)
+        )
+        self.lines.append(route.topic, message.partition, message.key, message.offset, place)
+        self._waits(route, message, place)
+
+    def _waits(self, route: Route, message: Message, where: str) -> None:
+        self.metrics.records.labels(route.topic, "held_behind").inc()
+        log.info(
+            "record waits behind its key's retry",
+            topic=message.topic,
+            partition=message.partition,
+            offset=message.offset,
+            behind_in=where,
+        )
+
+    def _copy_line(self, route: Route, where: Partition, key: bytes) -> None:
+        """A key's kept line copied, in order, behind its head in the tiers."""
+        for message in self.kept.take(where, key):
+            self._put_behind(route, message)
+
+    def send_overdue(self) -> None:
+        """Lines kept too long (their head not back) are copied to the tiers: they hold
+        their partition's committed position back."""
+        for where, key in self.kept.overdue(self.keeping):
+            self._copy_line(self.keeping[where[0]], where, key)
+
     def _copy(self, message: Message, tier: str, request: RetryHeaders) -> None:
         """A record of a key's line written to ``tier``, on its partition."""
         self.publisher.send(
@@ -111,8 +154,14 @@ class TierLines(KeyOrder):
     def handed_off(self, route: Route, request: RetryHeaders, key: bytes, to: str) -> None:
         topic, partition = request.original_topic, request.original_partition
         offset = request.original_offset
-        if topic == route.topic and partition is not None and offset is not None:
-            self.lines.place(topic, partition, key, offset, to)
+        if topic != route.topic or partition is None or offset is None:
+            return
+        head = not self.lines.held(topic, partition, key)
+        self.lines.place(topic, partition, key, offset, to)
+        if route.topic in self.keeping and self.kept.handed_off(
+            (topic, partition), key, head, request.retry_at
+        ):
+            self._copy_line(route, (topic, partition), key)  # a long wait: not in memory
 
     def release(self, route: Route, delivery: RetryHeaders, key: bytes | None) -> None:
         # The line is the App's own: the next copy comes when it is read.
@@ -120,10 +169,13 @@ class TierLines(KeyOrder):
         offset = delivery.original_offset
         if key is None or topic != route.topic or partition is None or offset is None:
             return
-        self.lines.done(topic, partition, key, offset)
+        if self.lines.done(topic, partition, key, offset):
+            self.kept.ready_after((topic, partition), key)
 
     def load(self, config: Mapping[str, Any], partitions: Iterable[Partition]) -> None:
         self.lines.load(config, partitions)
 
     def forget(self, partitions: Iterable[Partition]) -> None:
+        partitions = list(partitions)
         self.lines.forget(partitions)
+        self.kept.forget(partitions)

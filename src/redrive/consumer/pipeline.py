@@ -24,7 +24,6 @@ per turn (:attr:`Outcomes.handled`).
 from __future__ import annotations
 
 import inspect
-from collections import deque
 from collections.abc import Mapping
 
 import structlog
@@ -38,7 +37,7 @@ from redrive.consumer.errors import (
     UnreadableHeadersError,
 )
 from redrive.consumer.handlers import refuse_awaitable
-from redrive.consumer.kept_lines import Line
+from redrive.consumer.kept_lines import KeptLines
 from redrive.consumer.message import Message
 from redrive.consumer.outcomes import InPlace, Outcomes, safe_repr
 from redrive.consumer.routes import Kind, Route
@@ -66,7 +65,7 @@ class Pipeline:
         outcomes: Outcomes,
         breakers: Breakers,
         brakes: Brakes | None = None,
-        ready: deque[tuple[str, Line]] | None = None,
+        kept: KeptLines | None = None,
     ) -> None:
         self.group = group
         self.reads: dict[str, Read] = {
@@ -79,8 +78,10 @@ class Pipeline:
         """The routes' dead-letter brakes (the loop ticks them each turn)."""
         self.in_place = outcomes.in_place
         self.handled = outcomes.handled
-        self.ready: deque[tuple[str, Line]] = deque() if ready is None else ready
-        """Kept lines whose head is done (:meth:`drain`)."""
+        self.kept = kept or KeptLines()
+        """The records kept behind held keys: the lines whose head is done are handled
+        by :meth:`drain`."""
+        self.ready = self.kept.ready
         self.done_before = DoneBefore()
         """Records a partition's last commit named as dealt with beyond its position."""
 
@@ -125,14 +126,17 @@ class Pipeline:
         before any later record of their keys (:mod:`redrive.consumer.kept_lines`).
         Each goes through its route's gates again: behind a record of its line that
         failed meanwhile, it is kept again."""
-        ready = self.ready
+        ready = self.kept.ready
         while ready:
             topic, line = ready.popleft()
             steps = self.reads[topic][0]
             while line:
                 message = line.popleft()
                 try:
-                    if self.gate(steps, message) is None:
+                    stop = self.gate(steps, message)
+                    if isinstance(stop, Wait):  # no room: it has its place already
+                        self.kept.keep(message, bounded=False)
+                    elif stop is None:
                         self.handle(steps, message, None)
                 except Exception as exc:  # noqa: BLE001 - no record may stop the consumer
                     self._kept_unprocessable(steps, message, exc)

@@ -109,10 +109,9 @@ class Session:
             outcomes,
             breakers,
             self.brakes,
-            orders.service.ready if orders.service is not None else None,
+            orders.kept,
         )
-        if orders.service is not None:
-            self.offsets.kept = orders.service.kept.offsets
+        self.offsets.kept = orders.kept.offsets
         self.pauses = PauseBook(self.consumer)
         self.batches = Batches(self.records, dict(batched)) if batched else None
         self.async_records = AsyncRecords.of(
@@ -163,8 +162,8 @@ class Session:
         if now - self._last_commit >= self.settings.polling.commit_interval_s:
             self.assignment.commit(asynchronous=True)
             self._last_commit = time.monotonic()
-        if self.orders.service is not None and self.orders.service.kept.count():
-            self.orders.service.send_overdue()
+        if self.orders.kept.count():
+            self.orders.send_overdue()
         if self.assignment.rejoin.due(now):
             self.assignment.subscribe_again()
 

@@ -22,11 +22,12 @@ awaited in its lane at its turn.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final, Protocol, final
 
 from redrive.consumer.brakes import Brake, Brakes
 from redrive.consumer.held_keys import HeldKeys
+from redrive.consumer.kept_lines import KeptLines
 from redrive.consumer.key_lines import KeyLines
 from redrive.consumer.key_order import KeyOrder
 from redrive.consumer.key_order_service import ServiceQueues
@@ -107,8 +108,11 @@ class Steps:
 def key_order_gate(route: Route, order: KeyOrder) -> Gate:
     goes_behind = order.goes_behind
 
-    def gate(message: Message) -> DealtWith | None:
-        return DEALT_WITH if goes_behind(route, message) else None
+    def gate(message: Message) -> Wait | DealtWith | None:
+        behind = goes_behind(route, message)
+        if behind is True:
+            return DEALT_WITH
+        return behind or None
 
     return gate
 
@@ -127,6 +131,8 @@ class KeyOrders:
 
     service: ServiceQueues | None
     tiers: TierLines | None
+    kept: KeptLines = field(default_factory=KeptLines)
+    """The records both keep behind heads waiting for a short retry."""
 
     @classmethod
     def of(
@@ -148,18 +154,30 @@ class KeyOrders:
         keeping = {
             r.topic: r
             for r in routes
-            if r.topic in held.held_topics
+            if r.ordering is not None
             and not r.is_async
             and r.topic not in batches
             and r.breaker is None
             and r.dead_letter_brake is None
         }
+        kept = KeptLines()
+        in_service = {t: r for t, r in keeping.items() if t in held.held_topics}
+        in_tiers = {t: r for t, r in keeping.items() if t in lines.held_topics}
         return cls(
-            ServiceQueues(group, requests_topic, publisher, metrics, held, keeping)
+            ServiceQueues(group, requests_topic, publisher, metrics, held, kept, in_service)
             if held.held_topics
             else None,
-            TierLines(group, publisher, metrics, lines) if lines.held_topics else None,
+            TierLines(group, publisher, metrics, lines, kept, in_tiers)
+            if lines.held_topics
+            else None,
+            kept,
         )
+
+    def send_overdue(self) -> None:
+        """Kept lines whose head is not back in time go where it waits."""
+        for order in (self.service, self.tiers):
+            if order is not None:
+                order.send_overdue()
 
     def all(self) -> list[KeyOrder]:
         return [order for order in (self.service, self.tiers) if order is not None]
