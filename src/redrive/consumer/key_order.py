@@ -24,13 +24,18 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import structlog
+
 from redrive.consumer.co_partitioned import check_assignor
 from redrive.consumer.key_lines import check_key_lines
 from redrive.consumer.message import Message
+from redrive.consumer.metrics import ConsumerMetrics
 from redrive.consumer.offsets import Partition
 from redrive.consumer.routes import Route
 from redrive.consumer.strategies import Wait
 from redrive.headers import RetryHeaders
+
+log = structlog.get_logger("redrive.consumer")
 
 
 class KeyOrder(ABC):
@@ -59,6 +64,19 @@ class KeyOrder(ABC):
     @abstractmethod
     def forget(self, partitions: Iterable[Partition]) -> None:
         """Partitions left: their keys' state is no longer this App's."""
+
+
+def count_waiting(metrics: ConsumerMetrics, route: Route, message: Message, where: str) -> None:
+    """A record of a held key waits behind its head (``where``: kept in the App, in the
+    service, in a tier): counted and logged."""
+    metrics.records.labels(route.topic, "held_behind").inc()
+    log.info(
+        "record waits behind its key's retry",
+        topic=message.topic,
+        partition=message.partition,
+        offset=message.offset,
+        waits_in=where,
+    )
 
 
 def check_key_order(route: Route, transactional: bool, settings: Mapping[str, Any]) -> None:

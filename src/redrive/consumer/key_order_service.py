@@ -20,12 +20,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import structlog
-
 from redrive.clock import now_ms
 from redrive.consumer.held_keys import HeldKeys
 from redrive.consumer.kept_lines import FULL_WAIT_MS, KeptLines
-from redrive.consumer.key_order import KeyOrder
+from redrive.consumer.key_order import KeyOrder, count_waiting
 from redrive.consumer.message import Message
 from redrive.consumer.metrics import ConsumerMetrics
 from redrive.consumer.offsets import Partition
@@ -34,8 +32,6 @@ from redrive.consumer.routes import Route
 from redrive.consumer.strategies import Wait
 from redrive.headers import RetryHeaders
 from redrive.router import put_behind, released
-
-log = structlog.get_logger("redrive.consumer")
 
 
 class ServiceQueues(KeyOrder):
@@ -68,7 +64,7 @@ class ServiceQueues(KeyOrder):
         where = (message.topic, message.partition)
         if self.kept.keeping(where, key):
             if self.kept.keep(message):
-                self._waits(route, message, "app")
+                count_waiting(self.metrics, route, message, "app")
                 return True
             if route.per_group_topic:  # the heads come back on another topic: room soon
                 return Wait(now_ms() + FULL_WAIT_MS)
@@ -92,17 +88,7 @@ class ServiceQueues(KeyOrder):
             redrive=request,
         )
         self.held.hold(message.topic, message.partition, message.key, message.offset)
-        self._waits(route, message, "service")
-
-    def _waits(self, route: Route, message: Message, where: str) -> None:
-        self.metrics.records.labels(route.topic, "held_behind").inc()
-        log.info(
-            "record waits behind its key's retry",
-            topic=message.topic,
-            partition=message.partition,
-            offset=message.offset,
-            kept_in=where,
-        )
+        count_waiting(self.metrics, route, message, "service")
 
     def _send_line(self, route: Route, where: tuple[str, int], key: bytes) -> None:
         """A key's kept line goes to the service, in order, behind its head."""

@@ -26,7 +26,7 @@ import structlog
 from redrive.clock import now_ms
 from redrive.consumer.kept_lines import FULL_WAIT_MS, KeptLines
 from redrive.consumer.key_lines import KeyLines
-from redrive.consumer.key_order import KeyOrder
+from redrive.consumer.key_order import KeyOrder, count_waiting
 from redrive.consumer.message import Message
 from redrive.consumer.metrics import ConsumerMetrics
 from redrive.consumer.offsets import Partition
@@ -71,7 +71,7 @@ class TierLines(KeyOrder):
             where = (topic, partition)
             if self.kept.keeping(where, key):
                 if self.kept.keep(message):
-                    self._waits(route, message, "app")
+                    count_waiting(self.metrics, route, message, "app")
                     return True
                 return Wait(now_ms() + FULL_WAIT_MS)  # the partition's bound: room soon
             elif not lines.held(topic, partition, key):
@@ -117,17 +117,7 @@ class TierLines(KeyOrder):
             message, place, put_behind(self.group, route.topic, read_at, message.timestamp_ms)
         )
         self.lines.append(route.topic, message.partition, message.key, message.offset, place)
-        self._waits(route, message, place)
-
-    def _waits(self, route: Route, message: Message, where: str) -> None:
-        self.metrics.records.labels(route.topic, "held_behind").inc()
-        log.info(
-            "record waits behind its key's retry",
-            topic=message.topic,
-            partition=message.partition,
-            offset=message.offset,
-            behind_in=where,
-        )
+        count_waiting(self.metrics, route, message, place)
 
     def _copy_line(self, route: Route, where: Partition, key: bytes) -> None:
         """A key's kept line copied, in order, behind its head in the tiers."""

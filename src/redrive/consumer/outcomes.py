@@ -130,18 +130,7 @@ class Outcomes:
     ) -> tuple[FailedRecord, Retried | DeadLettered]:
         """What the route's failure router makes of a handled record's failure (logged);
         ``first_failure_ms``: when a record retried in place first failed."""
-        failure = FailedRecord(
-            message.topic,
-            message.partition,
-            message.offset,
-            message.timestamp_ms,
-            message.key,
-            message.raw_value,
-            message.headers,
-            message.retry,
-            message.attempt,
-            message.replay,
-        )
+        failure = failed_record(message)
         outcome = route.router.route(
             failure,
             error,
@@ -290,3 +279,19 @@ def safe_repr(value: object, limit: int | None = 200) -> str:
         return repr(value)[:limit]
     except Exception:  # noqa: BLE001 - any failure of user code in __repr__
         return f"<unprintable {type(value).__name__}>"
+
+
+def failed_record(message: Message) -> FailedRecord:
+    """A record that reached its handler, as the failure router takes it."""
+    return FailedRecord(
+        message.topic,
+        message.partition,
+        message.offset,
+        message.timestamp_ms,
+        message.key,
+        message.raw_value,
+        message.headers,
+        message.retry,
+        message.attempt,
+        message.replay,
+    )

@@ -39,7 +39,7 @@ from redrive.consumer.errors import (
 from redrive.consumer.handlers import refuse_awaitable
 from redrive.consumer.kept_lines import KeptLines
 from redrive.consumer.message import Message
-from redrive.consumer.outcomes import InPlace, Outcomes, safe_repr
+from redrive.consumer.outcomes import InPlace, Outcomes, failed_record, safe_repr
 from redrive.consumer.routes import Kind, Route
 from redrive.consumer.steps import DealtWith, Steps
 from redrive.consumer.strategies import Wait
@@ -152,18 +152,7 @@ class Pipeline:
         shown = safe_repr(cause)
         error = UnprocessableRecordError(f"redrive could not process this record: {shown}")
         error.__cause__ = cause
-        failure = FailedRecord(
-            message.topic,
-            message.partition,
-            message.offset,
-            message.timestamp_ms,
-            message.key,
-            message.raw_value,
-            message.headers,
-            None,
-            message.attempt,
-            message.replay,
-        )
+        failure = failed_record(message)
         self.outcomes.reject(
             steps, failure, error, f"redrive could not process this record ({shown})"
         )
