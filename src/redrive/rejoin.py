@@ -8,8 +8,9 @@ no assignment and no error, until it was restarted (an App; the retry service's
 intake, whose coordinator requests then sat unsent in librdkafka's queue). So both
 watch for it: if no assignment (not even an empty one) has come
 :data:`REJOIN_AFTER_S` after the partitions were lost, the consumer unsubscribes and
-subscribes again, which starts a fresh join; and again every :data:`REJOIN_AFTER_S`
-while none comes.
+subscribes again, which starts a fresh join (intake joins with a new client instead:
+see :meth:`redrive.service.intake.Intake._rejoin`); and again every
+:data:`REJOIN_AFTER_S` while none comes.
 
 Invariant: :meth:`RejoinWatch.due` is true only while partitions were lost and no
 assignment came since, at most once per :data:`REJOIN_AFTER_S`. An App that has no

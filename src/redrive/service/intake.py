@@ -62,6 +62,8 @@ INSTANCE_ID_SETTING = "instance_id (REDRIVE_INSTANCE_ID)"
 # How long a revocation waits for the batch being stored, to commit it before the
 # partitions go (an insert takes well under a second; the group waits for us longer).
 REVOKE_WAIT_S = 10.0
+# How long a rejoin waits for the client it replaces to close (a wedged one never does).
+REPLACED_CLOSE_WAIT_S = 5.0
 
 
 def repeat_stage(record: PendingRetry | DeadLetterRecord | Release) -> str:
@@ -107,15 +109,31 @@ class Intake:
         self.metrics = metrics
         self.stop = stop
         self.on_scheduled = on_scheduled
+        self._kafka_config = kafka_config
+        self.consumer = self._new_consumer()
+        self.mirror = (
+            DlqMirror(producer_config or kafka_config, settings.dlq_topic, metrics)
+            if settings.mirror_dead_letters
+            else None
+        )
+        self.originals = Originals(kafka_config)
+        self.healthy = True
+        self.rejoin = RejoinWatch()
+        self._uncommitted: dict[tuple[str, int], int] = {}
+        # The batch whose insert runs on the writer thread, until it is finished.
+        self._in_flight: tuple[_Batch, Future[Stored]] | None = None
+
+    def _new_consumer(self) -> GroupConsumer:
+        """A client of intake's consumer group, not yet subscribed."""
         # Raises a fatal group error (another instance took this one's instance id)
         # instead of returning it as a message: the consumer is dead after one.
-        self.consumer = GroupConsumer(
+        return GroupConsumer(
             {
-                **kafka_config,
-                "group.id": settings.group_id,
+                **self._kafka_config,
+                "group.id": self.settings.group_id,
                 # A restarted instance takes its partitions back at once rather than
                 # after the session timeout (see redrive.membership).
-                **static_membership(settings.group_instance_id()),
+                **static_membership(self.settings.group_instance_id()),
                 "enable.auto.commit": False,
                 "enable.auto.offset.store": False,
                 "auto.offset.reset": "earliest",
@@ -128,24 +146,13 @@ class Intake:
                 # 10 ms, 8 MB keeps it as fed as 32 MB did, for 50 MB less RSS.
                 "queued.max.messages.kbytes": 8192,
                 "fetch.queue.backoff.ms": 10,
-                **settings.intake_kafka,
+                **self.settings.intake_kafka,
                 # Not overridable: a request of a transaction aborted (or still open)
                 # is not one, and Apps with transactional=True rely on that.
                 "isolation.level": "read_committed",
             },
             setting=INSTANCE_ID_SETTING,
         )
-        self.mirror = (
-            DlqMirror(producer_config or kafka_config, settings.dlq_topic, metrics)
-            if settings.mirror_dead_letters
-            else None
-        )
-        self.originals = Originals(kafka_config)
-        self.healthy = True
-        self.rejoin = RejoinWatch()
-        self._uncommitted: dict[tuple[str, int], int] = {}
-        # The batch whose insert runs on the writer thread, until it is finished.
-        self._in_flight: tuple[_Batch, Future[Stored]] | None = None
 
     def run(self) -> None:
         """Consume until `stop` is set; then close the consumer (leaving the group)."""
@@ -160,8 +167,8 @@ class Intake:
         writer = ThreadPoolExecutor(1, thread_name_prefix="redrive-intake-store")
         try:
             while not self.stop.is_set():
-                if self.rejoin.due(time.monotonic()):
-                    self._subscribe_again()
+                if self.rejoin.due(time.monotonic()) and not self._rejoin():
+                    break  # stopping with a batch unstored: nothing after it may commit
                 messages = consume_available(
                     self.consumer,
                     self.settings.intake_batch_size,
@@ -197,17 +204,46 @@ class Intake:
             on_lost=self._on_lost,
         )
 
-    def _subscribe_again(self) -> None:
-        """No assignment since the partitions were lost (see redrive.rejoin)."""
+    def _rejoin(self) -> bool:
+        """No assignment since the partitions were lost (see redrive.rejoin): rejoin with
+        a new client in place of the one that lost them. False if stopped first.
+
+        Subscribing again on the same client is not enough: after a broker restart
+        librdkafka can keep it out for good, its next join (and its close) waiting for
+        offset commits queued on a coordinator connection that never comes back.
+
+        Invariant: intake reads, commits and handles rebalances through one client,
+        ``self.consumer``. The replaced client's batch is finished first (stored, and
+        committed for the partitions that client still holds); then its positions are
+        forgotten, nothing is committed through it and its callbacks are ignored. The
+        new client reads each partition from the group's committed offset: what the old
+        one fetched but intake did not store is read again, what was stored but not
+        committed is read again and dropped as a repeat, and nothing is skipped.
+        """
         log.warning(
-            "no partitions assigned since they were lost; subscribing again",
+            "no partitions assigned since they were lost; rejoining with a new client",
             group=self.settings.group_id,
             waited_s=self.rejoin.after_s,
         )
-        self.consumer.unsubscribe()
+        if not self._finish_in_flight():
+            return False
+        self._uncommitted.clear()
+        replaced, self.consumer = self.consumer, self._new_consumer()
+        # Closing leaves the group, so the new client need not wait out a rebalance for
+        # the old member; a wedged client never finishes, and is left to it.
+        closing = threading.Thread(
+            target=_close, args=(replaced,), name="redrive-intake-close", daemon=True
+        )
+        closing.start()
+        closing.join(REPLACED_CLOSE_WAIT_S)
+        if closing.is_alive():
+            log.warning("the replaced client is still closing; left to it in the background")
         self._subscribe()
+        return True
 
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if consumer is not self.consumer:
+            return  # a replaced client (see _rejoin)
         self.rejoin.assigned()
         self.guard.on_assign(consumer, partitions)
 
@@ -216,6 +252,8 @@ class Intake:
         batch, waiting a little for the one being stored. Otherwise the next owner reads
         those requests again, and any already delivered would be delivered twice (a
         pending one is skipped by the unique index, a delivered one is gone from it)."""
+        if consumer is not self.consumer:
+            return  # a replaced client, closing (see _rejoin)
         if self._in_flight is not None:
             stored = self._in_flight[1]
             wait([stored], timeout=REVOKE_WAIT_S)
@@ -228,6 +266,8 @@ class Intake:
         log.info("partitions revoked", partitions=_names(partitions))
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        if consumer is not self.consumer:
+            return  # a replaced client, closing (see _rejoin)
         self.rejoin.lost(time.monotonic())
         self._hand_over(partitions)
         log.warning(
@@ -450,3 +490,11 @@ class Intake:
             # A rebalance took the partitions away: the new owner reads these requests
             # again and the idempotent insert ignores them. Nothing is lost.
             log.warning("offset commit failed; requests will be read again", error=str(exc))
+
+
+def _close(consumer: Consumer) -> None:
+    """Close a client intake replaced, on a thread of its own (it may never return)."""
+    try:
+        consumer.close()
+    except Exception as exc:  # noqa: BLE001 - a client thrown away may fail to close
+        log.warning("the replaced client failed to close", error=str(exc))
