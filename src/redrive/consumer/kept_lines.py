@@ -49,9 +49,12 @@ metadata, so they fit under Kafka's default ``offset.metadata.max.bytes``."""
 LONGEST_S: Final = 30.0
 """How long a line may hold its partition's position back before it goes to the
 service (a head that does not come back, say the service is down)."""
-FULL_WAIT_MS: Final = 50
-"""How long a partition whose bound is reached waits before its record is read again
-(a head coming back makes room)."""
+FULL_WAIT_MS: Final = 1_000
+"""How long at most a partition whose bound is reached waits before its record is read
+again; it goes on as soon as lines leave it room (:attr:`KeptLines.roomy`)."""
+ROOMY: Final = 0.75
+"""A partition at its bound goes on once its kept records are down to this share of
+it: not one record at a time."""
 SHORT_RETRY_MS: Final = 5_000
 """A head whose retry is due within this keeps its line in memory; a longer one sends
 the records behind it to the service."""
@@ -68,6 +71,10 @@ class KeptLines:
         self.by_partition: dict[Partition, dict[bytes, tuple[float, Line]]] = {}
         """Per partition: key -> (when its line started, the line)."""
         self._counts: dict[Partition, int] = {}
+        self.full: set[Partition] = set()
+        """Partitions that found their bound reached, until they have room again."""
+        self.roomy: set[Partition] = set()
+        """Partitions that were full and have room again: their wait is over."""
         self.ready: deque[tuple[str, Line]] = deque()
         """Lines whose head is done, by topic: to be handled now, in order
         (:meth:`redrive.consumer.pipeline.Pipeline.drain`)."""
@@ -101,6 +108,7 @@ class KeptLines:
         partition = (message.topic, message.partition)
         count = self._counts.get(partition, 0)
         if bounded and count >= self.most:
+            self.full.add(partition)
             return False
         _, line = self.by_partition[partition][message.key]  # type: ignore[index]
         if line and line[-1].offset >= message.offset:
@@ -115,7 +123,10 @@ class KeptLines:
         if lines is None or key not in lines:
             return deque()
         _, line = lines.pop(key)
-        self._counts[partition] = self._counts.get(partition, 0) - len(line)
+        count = self._counts[partition] = self._counts.get(partition, 0) - len(line)
+        if self.full and partition in self.full and count <= self.most * ROOMY:
+            self.full.discard(partition)
+            self.roomy.add(partition)
         return line
 
     def ready_after(self, partition: Partition, key: bytes) -> None:
@@ -159,3 +170,5 @@ class KeptLines:
         for partition in partitions:
             self.by_partition.pop(partition, None)
             self._counts.pop(partition, None)
+            self.full.discard(partition)
+            self.roomy.discard(partition)

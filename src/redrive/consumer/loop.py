@@ -76,6 +76,10 @@ def poll_once(
         records.breakers.tick(now)  # open breakers whose time is over: half-open
     if records.brakes:
         records.brakes.tick(now)  # the same of dead-letter brakes
+    kept = records.kept
+    if kept.roomy:  # partitions waiting for room in their kept lines that have it now
+        pauses.wake(kept.roomy)
+        kept.roomy.clear()
     pauses.resume_due(now)
     timeout = poll_timeout_s
     next_due = pauses.next_due_ms()

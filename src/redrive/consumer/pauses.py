@@ -14,6 +14,7 @@ those whose own record is not due yet.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
@@ -94,6 +95,13 @@ class PauseBook:
             for partition in due:
                 del self._until[partition]
             self._consumer.resume([TopicPartition(t, p) for t, p in due])
+
+    def wake(self, partitions: Iterable[Partition]) -> None:
+        """These partitions' waits are over before their time (what they waited for came
+        early): resumed at the next :meth:`resume_due`."""
+        for partition in partitions:
+            if partition in self._until:
+                self._until[partition] = 0
 
     def next_due_ms(self) -> int | None:
         times = list(self._until.values())

@@ -50,6 +50,9 @@ from redrive.rejoin import RejoinWatch
 log = structlog.get_logger("redrive.consumer")
 
 INSTANCE_ID_SETTING = "App(instance_id=...)"
+KEPT_FULL_COMMIT_S = 0.1
+"""The commit interval of a transactional App while a partition waits for room in its
+kept lines (:mod:`redrive.consumer.kept_lines`)."""
 
 
 class Session:
@@ -159,7 +162,12 @@ class Session:
         """Between turns: commit when the interval is over, subscribe again when the
         group left the App out."""
         now = time.monotonic()
-        if now - self._last_commit >= self.settings.polling.commit_interval_s:
+        interval = self.settings.polling.commit_interval_s
+        if self.orders.kept.full and self.settings.transactional:
+            # A partition waits for room behind heads whose retries no one reads before
+            # the transaction that wrote them commits: sooner, then.
+            interval = min(interval, KEPT_FULL_COMMIT_S)
+        if now - self._last_commit >= interval:
             self.assignment.commit(asynchronous=True)
             self._last_commit = time.monotonic()
         if self.orders.kept.count():
