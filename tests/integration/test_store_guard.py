@@ -7,6 +7,8 @@ callback is the guard's, and reads what it committed.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -67,7 +69,13 @@ class Group:
         """A member whose partitions the guard of `store` checks; and a function that
         polls until it read a record of each partition (how many it read), or raises
         what the guard raised."""
-        guard = StoreGuard(self.settings, store, "postgresql://db", threading.Event())
+        guard = StoreGuard(
+            self.settings,
+            store,
+            "postgresql://db",
+            threading.Event(),
+            {"bootstrap.servers": self.bootstrap},
+        )
         consumer = Consumer(
             {
                 "bootstrap.servers": self.bootstrap,
@@ -161,4 +169,50 @@ def test_members_of_one_store_share_the_group(group: Group) -> None:
             second.poll(0.1)
         shared = len(first.assignment()) + len(second.assignment())
     assert shared == PARTITIONS
+    assert group.committed() == {p: (0, group_marks.settled(ME)) for p in range(PARTITIONS)}
+
+
+# A member as intake is one: its client logs through a Python logger (debug lines, so
+# that one is sure to come in the poll that ran the guard). In a process of its own:
+# what this guards against aborts the process.
+_LOGGING_MEMBER = """
+import logging, sys, threading
+from confluent_kafka import Consumer
+from redrive.deadlines import Deadline
+from redrive.service.store_guard import StoreGuard
+from tests.integration.service_harness import settings_for
+
+bootstrap, topic, group, store, partitions = sys.argv[1:]
+settings = settings_for(bootstrap, "postgresql://unused", requests_topic=topic, group_id=group)
+client_log = logging.getLogger("client")
+client_log.addHandler(logging.NullHandler())
+client_log.propagate = False
+guard = StoreGuard(
+    settings, store, "postgresql://db", threading.Event(), {"bootstrap.servers": bootstrap}
+)
+consumer = Consumer({
+    "bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
+    "auto.offset.reset": "earliest", "logger": client_log, "debug": "cgrp,fetch",
+})
+consumer.subscribe([topic], on_assign=guard.on_assign)
+read, deadline = set(), Deadline(30)
+while len(read) < int(partitions) and not deadline.passed():
+    msg = consumer.poll(0.2)
+    if msg is not None and msg.error() is None:
+        read.add(msg.partition())
+consumer.close()
+print("read", len(read))
+"""
+
+
+def test_a_member_whose_client_logs_through_python_survives_the_check(group: Group) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _LOGGING_MEMBER, group.bootstrap, group.topic]
+        + [group.settings.group_id, ME, str(PARTITIONS)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    last_line = done.stdout.strip().rsplit("\n", 1)[-1]  # after the guard's own log lines
+    assert (done.returncode, last_line) == (0, f"read {PARTITIONS}"), done.stderr[-3000:]
     assert group.committed() == {p: (0, group_marks.settled(ME)) for p in range(PARTITIONS)}

@@ -160,9 +160,13 @@ class RetryService:
             # Before any role starts: a service on another store than the one its
             # requests group reads into stops here, without joining the group.
             guard = StoreGuard(
-                s, self.store.store_id(), _redact(self.database_url), self.stop_event
+                s,
+                self.store.store_id(),
+                _redact(self.database_url),
+                self.stop_event,
+                self.kafka_config,
             )
-            guard.check(self.kafka_config)
+            guard.check()
         admin = self._admin = AdminClient(self.kafka_config)
         metadata = TopicMetadata(admin)
         self.operations = Operations(self.store)

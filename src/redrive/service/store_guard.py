@@ -19,6 +19,14 @@ those names (:mod:`redrive.service.group_marks`) for the group:
 
 A group read into another store stops the service with a ConfigError naming the
 settings (`database_url`, `group_id`, `requests_topic`); it stores nothing of it.
+
+The requests topic's partitions are read by an admin client made for each check, never
+by the consumer whose rebalance callback runs the check: confluent-kafka keeps one
+call state per client and thread, and a metadata call on the consumer inside its own
+callback clears the state of the poll that runs the callback, so the next callback
+of that poll (a log line, say) aborts the process. What the guard does on the
+consumer (committed offsets, watermarks, commits, assign, pause, resume) leaves that
+state alone.
 """
 
 from __future__ import annotations
@@ -26,11 +34,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterable, Mapping
+from contextlib import closing
 from datetime import UTC, datetime
 from typing import Any, Final
 
 import structlog
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from redrive.clock import now_ms
 from redrive.errors import ConfigError
@@ -61,10 +71,16 @@ _ASSIGNMENT_OVER: Final = frozenset(
 
 class StoreGuard:
     """Keeps intake from reading its requests group into a store the group does not
-    read into. ``mark`` is the metadata of intake's commits."""
+    read into. ``mark`` is the metadata of intake's commits; ``kafka_config`` is the
+    service's client configuration (broker, security, logging), not intake's own."""
 
     def __init__(
-        self, settings: ServiceSettings, store: str, database: str, stop: threading.Event
+        self,
+        settings: ServiceSettings,
+        store: str,
+        database: str,
+        stop: threading.Event,
+        kafka_config: Mapping[str, Any],
     ) -> None:
         self.store = store
         self.group = settings.group_id
@@ -72,6 +88,7 @@ class StoreGuard:
         self.database = database  # for the error, without its password
         self.stop = stop
         self.mark = group_marks.settled(store)
+        self.kafka_config = dict(kafka_config)
         consumer_config = {**settings.kafka, **settings.intake_kafka}
         reset = str(consumer_config.get("auto.offset.reset", "earliest"))
         # Where a partition with no committed offset starts (intake's own setting):
@@ -83,29 +100,33 @@ class StoreGuard:
             str(consumer_config.get("group.protocol", "")) == "consumer"
         )
 
-    def check(self, kafka_config: Mapping[str, Any]) -> None:
+    def check(self) -> None:
         """At start-up: raise a ConfigError if the group reads into another store."""
-        consumer = Consumer({**kafka_config, "group.id": self.group, "enable.auto.commit": False})
-        deadline = time.monotonic() + START_TIMEOUT_S
-        attempt = 0
-        try:
-            while True:
-                try:
-                    marks, _ = self._read(consumer, [], _CALL_TIMEOUT_S)
-                    break
-                except KafkaException as exc:
-                    # A broker just started answers NOT_COORDINATOR for a while.
-                    attempt += 1
-                    if time.monotonic() > deadline:
-                        raise ConfigError(
-                            "bootstrap (REDRIVE_BOOTSTRAP)",
-                            f"cannot read the committed offsets of consumer group "
-                            f"{self.group!r} within {START_TIMEOUT_S:.0f} s: {exc}",
-                            "check that the broker is reachable and the kafka settings are right",
-                        ) from None
-                    time.sleep(backoff_delay(attempt, 0.2, 2.0))
-        finally:
-            consumer.close()
+        with closing(_Metadata(self.kafka_config)) as metadata:
+            consumer = Consumer(
+                {**self.kafka_config, "group.id": self.group, "enable.auto.commit": False}
+            )
+            deadline = time.monotonic() + START_TIMEOUT_S
+            attempt = 0
+            try:
+                while True:
+                    try:
+                        marks, _ = self._read(consumer, metadata, [], _CALL_TIMEOUT_S)
+                        break
+                    except KafkaException as exc:
+                        # A broker just started answers NOT_COORDINATOR for a while.
+                        attempt += 1
+                        if time.monotonic() > deadline:
+                            raise ConfigError(
+                                "bootstrap (REDRIVE_BOOTSTRAP)",
+                                f"cannot read the committed offsets of consumer group "
+                                f"{self.group!r} within {START_TIMEOUT_S:.0f} s: {exc}",
+                                "check that the broker is reachable and the kafka settings "
+                                "are right",
+                            ) from None
+                        time.sleep(backoff_delay(attempt, 0.2, 2.0))
+            finally:
+                consumer.close()
         other = group_marks.other_store(marks, self.store, now_ms())
         if other is not None:
             raise self._refused(other)
@@ -126,35 +147,40 @@ class StoreGuard:
         long as that lasts: intake reads nothing meanwhile, as it could not without the
         broker. Blocked past max.poll.interval.ms, the consumer leaves the group, and
         rejoins once this returns: its next assignment is checked in its turn."""
-        attempt = 0
-        while True:
-            try:
-                self._take(consumer, partitions)
-                break
-            except KafkaException as exc:
-                error = _error_of(exc)
-                if error.code() in _ASSIGNMENT_OVER:
-                    log.info("assignment ended while checked; the next one is", error=error.str())
-                    self._hold(consumer, partitions)
-                    return
-                attempt += 1
-                log.warning(
-                    "cannot check the consumer group; trying again",
-                    error=error.str(),
-                    attempt=attempt,
-                )
-                if self.stop.wait(backoff_delay(attempt, 0.2, 5.0)):
-                    self._hold(consumer, partitions)  # stopping: nothing more is read
-                    return
+        with closing(_Metadata(self.kafka_config)) as metadata:
+            attempt = 0
+            while True:
+                try:
+                    self._take(consumer, metadata, partitions)
+                    break
+                except KafkaException as exc:
+                    error = _error_of(exc)
+                    if error.code() in _ASSIGNMENT_OVER:
+                        log.info(
+                            "assignment ended while checked; the next one is", error=error.str()
+                        )
+                        self._hold(consumer, partitions)
+                        return
+                    attempt += 1
+                    log.warning(
+                        "cannot check the consumer group; trying again",
+                        error=error.str(),
+                        attempt=attempt,
+                    )
+                    if self.stop.wait(backoff_delay(attempt, 0.2, 5.0)):
+                        self._hold(consumer, partitions)  # stopping: nothing more is read
+                        return
         self._assign(consumer, partitions)
         # An earlier assignment's check may have ended with them paused (_hold).
         consumer.resume(partitions)
 
-    def _take(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+    def _take(
+        self, consumer: Consumer, metadata: _Metadata, partitions: list[TopicPartition]
+    ) -> None:
         """Check the group's marks; if no store holds it, claim and settle the assigned
         partitions (group_marks' two steps); raise if another store holds it."""
         mine = sorted({(tp.topic, tp.partition) for tp in partitions})
-        marks, offsets = self._read(consumer, mine, _CALL_TIMEOUT_S)
+        marks, offsets = self._read(consumer, metadata, mine, _CALL_TIMEOUT_S)
         other = group_marks.other_store(marks, self.store, now_ms())
         if other is not None:
             raise self._refused(other)
@@ -165,7 +191,7 @@ class StoreGuard:
         if not mine:
             return  # nothing to read, so nothing to claim
         self._write(consumer, offsets, group_marks.claim(self.store, now_ms()))
-        marks, _ = self._read(consumer, mine, _CALL_TIMEOUT_S)
+        marks, _ = self._read(consumer, metadata, mine, _CALL_TIMEOUT_S)
         other = group_marks.other_store(marks, self.store, now_ms())
         if other is not None:
             self._take_back(consumer, offsets)
@@ -180,15 +206,18 @@ class StoreGuard:
         )
 
     def _read(
-        self, consumer: Consumer, mine: Iterable[Partition], timeout_s: float
+        self,
+        consumer: Consumer,
+        metadata: _Metadata,
+        mine: Iterable[Partition],
+        timeout_s: float,
     ) -> tuple[dict[Partition, Mark | None], dict[Partition, int]]:
         """The marks of the requests topic's partitions and of `mine`; and where each
-        of `mine` starts (its committed offset, else where intake would start it)."""
-        topics = consumer.list_topics(self.topic, timeout=timeout_s).topics
-        found = topics.get(self.topic)
-        if found is None or found.error is not None:
-            raise KafkaException(found.error if found else KafkaError(KafkaError._UNKNOWN_TOPIC))
-        wanted = {(self.topic, p) for p in found.partitions} | set(mine)
+        of `mine` starts (its committed offset, else where intake would start it).
+
+        The partitions come from `metadata`, not from `consumer`: this runs inside the
+        consumer's rebalance callback (see the module's docstring)."""
+        wanted = {(self.topic, p) for p in metadata.partitions(self.topic, timeout_s)} | set(mine)
         asked = [TopicPartition(t, p) for t, p in sorted(wanted)]
         committed = consumer.committed(asked, timeout=timeout_s)
         marks: dict[Partition, Mark | None] = {}
@@ -282,6 +311,29 @@ class StoreGuard:
                 f"redrive_store SET store_id = '{other.store}'"
             )
         return ConfigError(SETTINGS, problem, fix)
+
+
+class _Metadata:
+    """Reads topic metadata through an admin client of its own, for one check (see the
+    module's docstring), until closed. Closing destroys the client at once, also while
+    an exception raised by the check still holds this object."""
+
+    def __init__(self, kafka_config: Mapping[str, Any]) -> None:
+        self._client: AdminClient | None = AdminClient(dict(kafka_config))
+
+    def partitions(self, topic: str, timeout_s: float) -> list[int]:
+        """The partitions of `topic`; raises a KafkaException if it cannot tell."""
+        assert self._client is not None, "closed"
+        try:
+            found = self._client.list_topics(topic, timeout=timeout_s).topics.get(topic)
+        finally:
+            self._client.poll(0)  # the client's own log lines, if any
+        if found is None or found.error is not None:
+            raise KafkaException(found.error if found else KafkaError(KafkaError._UNKNOWN_TOPIC))
+        return list(found.partitions)
+
+    def close(self) -> None:
+        self._client = None  # its only reference: destroyed now
 
 
 def _error_of(exc: KafkaException) -> KafkaError:
