@@ -63,11 +63,11 @@ TIER_ORDER_PATHS = (
 )
 """Rows at a tenth of the size, strategy topics, JSON handler: the success path, 10%
 failing once with transactions, and the same with ``ordering="key"`` (the later
-records of a failed record's key wait behind it in the tier:
-:mod:`redrive.consumer.key_lines`); each as a ratio to the first. At full size the
-last would take over ten minutes: every record is in the topic from the start, so
-every key is held nearly all the time, and a key's line moves past each failure in
-at least one commit interval (its retry's copy is read once its transaction commits)."""
+records of a failed record's key wait behind it: kept by the App while it has room,
+:mod:`redrive.consumer.kept_lines`, else in the tier, :mod:`redrive.consumer.key_lines`);
+each as a ratio to the first. Every record is in the topic from the start, so every
+key is held nearly all the time, and a key goes on once per head's retry read back
+from its tier, after the transaction that wrote it commits."""
 
 
 SERVICE_PATHS = (
