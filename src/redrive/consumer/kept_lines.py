@@ -19,13 +19,12 @@ Invariant: a kept record is either in its key's line here (its partition's posit
 held at or before it) or taken out to be handled at once, in offset order, before any
 later record of its key; a key has a line only while it is held. Bounded: at most
 :attr:`KeptLines.most` records per partition (the metadata must fit Kafka's default
-limit of 4,096 characters): a partition whose bound is reached waits, its record
-read again a moment later, as the head of a line coming back makes room (where heads
-come back on another topic: a tier, a per-group retry topic; where they come back at
-the end of the same partition, which may not wait for them, the key's line goes to
-the service instead); none kept
-longer than :attr:`KeptLines.longest_s` (a head that does not come back), past which
-a key's line goes where its head waits (:meth:`take`).
+limit of 4,096 characters). A partition at its bound waits until heads coming back
+leave it room, where they come back on another topic (a tier, a per-group retry
+topic); where they come back at the end of the same partition, which may not wait for
+them, the key's line goes to the service instead. No line is kept longer than
+:attr:`KeptLines.longest_s` (a head that does not come back): past it, it goes where
+its head waits (:meth:`take`).
 """
 
 from __future__ import annotations
@@ -103,8 +102,9 @@ class KeptLines:
 
     def keep(self, message: Message, bounded: bool = True) -> bool:
         """Keep a record read behind its key's head; False when its partition's bound is
-        reached (``bounded``: a record read from its partition; one of a line being
-        handled, put back behind a new head, was counted already)."""
+        reached. ``bounded=False``: a record of a line being handled, put back behind
+        its key's new head, is kept whatever the bound (it held a place already, and
+        its partition has moved past it)."""
         partition = (message.topic, message.partition)
         count = self._counts.get(partition, 0)
         if bounded and count >= self.most:
