@@ -38,6 +38,10 @@ def make_consumer(
             # in-place retry up to that late (measured: 200 ms retries came after a
             # median of 307 ms, max 506; with 50 ms: 214 and 296).
             "fetch.wait.max.ms": 50,
+            # While the local queue is full of a backlog, librdkafka fetches no
+            # partition, a retry topic's neither, and checks again only after this
+            # (default 1 s): a retry due now would come back up to a second late.
+            "fetch.queue.backoff.ms": 50,
             **config,
             **consumer_kafka,
             # ...and what redrive's guarantees rest on, which they may not.

@@ -117,6 +117,15 @@ class KeptLines:
         self._counts[partition] = count + 1
         return True
 
+    def put_back(self, partition: Partition, key: bytes, rest: Line) -> None:
+        """The rest of a line being handled goes back, whole and in order, behind its
+        key's new head (one of its records that failed): whatever the bound, as each
+        held a place already."""
+        _, line = self.by_partition[partition][key]
+        line.extend(rest)
+        self._counts[partition] = self._counts.get(partition, 0) + len(rest)
+        rest.clear()
+
     def take(self, partition: Partition, key: bytes) -> Line:
         """The key's line, out of here: to be handled now or sent to the service."""
         lines = self.by_partition.get(partition)

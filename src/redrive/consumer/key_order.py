@@ -66,9 +66,22 @@ class KeyOrder(ABC):
         """Partitions left: their keys' state is no longer this App's."""
 
 
+def count_kept(metrics: ConsumerMetrics, route: Route, message: Message) -> None:
+    """A record of a held key is kept behind its head in the App's memory: counted, and
+    logged at debug level only (it writes nothing, and under a failing downstream most
+    records would log this)."""
+    metrics.records.labels(route.topic, "held_behind").inc()
+    log.debug(
+        "record kept behind its key's retry",
+        topic=message.topic,
+        partition=message.partition,
+        offset=message.offset,
+    )
+
+
 def count_waiting(metrics: ConsumerMetrics, route: Route, message: Message, where: str) -> None:
-    """A record of a held key waits behind its head (``where``: kept in the App, in the
-    service, in a tier): counted and logged."""
+    """A record of a held key waits behind its head (``where``: in the service, in a
+    tier): counted and logged."""
     metrics.records.labels(route.topic, "held_behind").inc()
     log.info(
         "record waits behind its key's retry",

@@ -23,7 +23,7 @@ from typing import Any
 from redrive.clock import now_ms
 from redrive.consumer.held_keys import HeldKeys
 from redrive.consumer.kept_lines import FULL_WAIT_MS, KeptLines
-from redrive.consumer.key_order import KeyOrder, count_waiting
+from redrive.consumer.key_order import KeyOrder, count_kept, count_waiting
 from redrive.consumer.message import Message
 from redrive.consumer.metrics import ConsumerMetrics
 from redrive.consumer.offsets import Partition
@@ -64,7 +64,7 @@ class ServiceQueues(KeyOrder):
         where = (message.topic, message.partition)
         if self.kept.keeping(where, key):
             if self.kept.keep(message):
-                count_waiting(self.metrics, route, message, "app")
+                count_kept(self.metrics, route, message)
                 return True
             if route.per_group_topic:  # the heads come back on another topic: room soon
                 return Wait(now_ms() + FULL_WAIT_MS)

@@ -26,7 +26,7 @@ import structlog
 from redrive.clock import now_ms
 from redrive.consumer.kept_lines import FULL_WAIT_MS, KeptLines
 from redrive.consumer.key_lines import KeyLines
-from redrive.consumer.key_order import KeyOrder, count_waiting
+from redrive.consumer.key_order import KeyOrder, count_kept, count_waiting
 from redrive.consumer.message import Message
 from redrive.consumer.metrics import ConsumerMetrics
 from redrive.consumer.offsets import Partition
@@ -71,7 +71,7 @@ class TierLines(KeyOrder):
             where = (topic, partition)
             if self.kept.keeping(where, key):
                 if self.kept.keep(message):
-                    count_waiting(self.metrics, route, message, "app")
+                    count_kept(self.metrics, route, message)
                     return True
                 return Wait(now_ms() + FULL_WAIT_MS)  # the partition's bound: room soon
             elif not lines.held(topic, partition, key):

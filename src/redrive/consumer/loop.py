@@ -18,6 +18,8 @@ Invariants:
   the record that did it, before any later record; a record the last commit named as
   dealt with beyond its position is skipped (:mod:`redrive.consumer.done_before`);
 - the loop never sleeps: the poll timeout shrinks to the next due time;
+- the records of a batch that came back from a retry (a tier, a per-group topic) are
+  dealt with before those of the sources, each partition's in offset order;
 - a record of an async route (``async def`` handler) is taken into its lane
   (:mod:`redrive.consumer.async_records`), and its position moves once it is dealt
   with; while such records are in flight, the waiting is done in the event loop (a
@@ -102,6 +104,8 @@ def poll_once(
             timeout = 0 if not batch else min(timeout, TURN_S)
     else:
         batch = consume_available(consumer, batch_size, timeout)
+    if records.returns and len(batch) > 1:
+        batch = returns_first(batch, records.returns)
     if not batch and (batches is None or not batches.due(time.monotonic())):
         if async_records is not None and async_records.in_flight.count:
             _run_async(async_records, records, metrics, timeout)
@@ -193,6 +197,17 @@ def poll_once(
     _count(records, metrics)
     metrics.waiting_partitions.set(pauses.count())
     return True
+
+
+def returns_first(batch: list[KafkaMessage], returns: frozenset[str]) -> list[KafkaMessage]:
+    """The batch with the records that came back from a retry first, each partition's
+    records still in offset order: a key's head back from its retry frees the records
+    kept or waiting behind it, and a batch of the source's backlog would make it wait
+    for no reason (order is kept per partition, not across partitions)."""
+    back = [record for record in batch if record.topic() in returns]
+    if not back or len(back) == len(batch):
+        return batch
+    return back + [record for record in batch if record.topic() not in returns]
 
 
 def _run_async(

@@ -71,6 +71,8 @@ class Pipeline:
         self.reads: dict[str, Read] = {
             topic: (steps[route.topic], kind) for topic, (route, kind) in reads.items()
         }
+        self.returns = frozenset(topic for topic, (_, kind) in reads.items() if kind != "source")
+        """The topics records come back on after a retry (tiers, per-group topics)."""
         self.outcomes = outcomes
         self.breakers = breakers
         """The pause handlers' circuit breakers (the loop ticks them each turn)."""
@@ -124,9 +126,11 @@ class Pipeline:
     def drain(self) -> None:
         """The records kept behind keys whose head is done, each line in offset order,
         before any later record of their keys (:mod:`redrive.consumer.kept_lines`).
-        Each goes through its route's gates again: behind a record of its line that
-        failed meanwhile, it is kept again."""
-        ready = self.kept.ready
+        Each goes through its route's gates again; once one of them fails and becomes
+        its key's new head with a short retry, the rest of the line goes back behind
+        it whole (not record by record: a line is not read again at each failure)."""
+        kept = self.kept
+        ready = kept.ready
         while ready:
             topic, line = ready.popleft()
             steps = self.reads[topic][0]
@@ -135,11 +139,14 @@ class Pipeline:
                 try:
                     stop = self.gate(steps, message)
                     if isinstance(stop, Wait):  # no room: it has its place already
-                        self.kept.keep(message, bounded=False)
+                        kept.keep(message, bounded=False)
                     elif stop is None:
                         self.handle(steps, message, None)
                 except Exception as exc:  # noqa: BLE001 - no record may stop the consumer
                     self._kept_unprocessable(steps, message, exc)
+                where, key = (message.topic, message.partition), message.key
+                if line and key is not None and kept.keeping(where, key):
+                    kept.put_back(where, key, line)
 
     def _kept_unprocessable(self, steps: Steps, message: Message, cause: Exception) -> None:
         """redrive failed on a kept record: a dead letter, as :meth:`unprocessable`."""
