@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
                         {"per_s": round(per_s), "success_per_s": round(success)},
                     )
                 )
-            ordered = consumer.tier_order_paths(stack.bootstrap, size["consumer_service"], rounds)
+            ordered = consumer.tier_order_paths(stack.bootstrap, size["consumer"], rounds)
             print(f"consumer key order through the tiers: {ordered}")
             for variant in consumer.TIER_ORDER_PATHS[1:]:
                 results.append(
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
                         "-",
                         None,
                         {
-                            "n": size["consumer_service"],
+                            "n": size["consumer"],
                             "per_s": round(ordered[variant]["per_s"]),
                             "success_per_s": round(ordered["topics"]["per_s"]),
                         },
