@@ -7,6 +7,7 @@ prints the ratio first, then the absolute figures.
     python -m bench                 # full sizes (about 15 minutes on 2 cores)
     python -m bench --quick         # tiny sizes: checks the code runs, measures nothing
     python -m bench service precision   # only some
+    python -m bench --quick --bootstrap HOST:PORT --database-url URL  # on running servers
 """
 
 from __future__ import annotations
@@ -32,8 +33,7 @@ from bench import (
     share,
     signing_cost,
 )
-from bench.common import Result, fresh_database, print_table, private_stack
-from redrive.local import StackStatus
+from bench.common import Result, Servers, fresh_database, print_table, servers
 from redrive.logs import configure
 
 SIZES = {
@@ -81,7 +81,18 @@ def main(argv: list[str] | None = None) -> list[Result]:
     parser.add_argument("only", nargs="*", help=f"benchmarks to run, of: {' '.join(ALL)}")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, for a smoke run")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--bootstrap",
+        help="run on this broker, left running, instead of a private stack (with --database-url)",
+    )
+    parser.add_argument(
+        "--database-url",
+        help="a database on the PostgreSQL server to run on (with --bootstrap); "
+        "each benchmark makes databases of its own next to it",
+    )
     args = parser.parse_args(argv)
+    if (args.bootstrap is None) != (args.database_url is None):
+        parser.error("--bootstrap and --database-url go together")
     unknown = set(args.only) - set(ALL)
     if unknown:
         parser.error(f"unknown benchmark(s) {sorted(unknown)}; choose from {ALL}")
@@ -91,7 +102,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
     results: list[Result] = []
     workdir = Path(tempfile.mkdtemp(prefix="redrive-bench-logs-"))
     print(f"machine: {machine()}")
-    with private_stack() as stack:
+    with servers(args.bootstrap, args.database_url) as stack:
         # The limit is the best of its rounds; so is everything measured against it.
         rounds = 1 if args.quick else 3
         raw = kafka_raw.run(stack.bootstrap, size["raw"], rounds=rounds)
@@ -248,7 +259,7 @@ def _groups(server_url: str, n: int) -> list[Result]:
 
 
 def _service_end_to_end(
-    stack: StackStatus, n: int, rounds: int, limit: float, workdir: Path
+    stack: Servers, n: int, rounds: int, limit: float, workdir: Path
 ) -> list[Result]:
     """Benchmark 2: the two relays, then one `redrive serve` each with 1, 2 and 3 workers
     (whole services as processes side by side), in interleaved rounds so that each

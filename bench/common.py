@@ -69,6 +69,26 @@ def private_stack() -> Iterator[StackStatus]:
                 shutil.rmtree(root, ignore_errors=True)
 
 
+@dataclass(frozen=True)
+class Servers:
+    """The broker and the PostgreSQL server a run uses. Every benchmark makes topics
+    and databases of its own on them (``database_url`` names the server)."""
+
+    bootstrap: str
+    database_url: str
+
+
+@contextmanager
+def servers(bootstrap: str | None = None, database_url: str | None = None) -> Iterator[Servers]:
+    """The broker and PostgreSQL server given, left as they are (neither started, nor
+    stopped, nor reconfigured); else a :func:`private_stack`'s."""
+    if bootstrap is not None and database_url is not None:
+        yield Servers(bootstrap, database_url)
+        return
+    with private_stack() as status:
+        yield Servers(status.bootstrap, status.database_url)
+
+
 @contextmanager
 def checkpoint_folder(prefix: str) -> Iterator[Path]:
     """A temporary folder for Spark checkpoints, deleted afterwards. query.stop() returns

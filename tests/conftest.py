@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from redrive.local import LocalStack, StackStatus
+from redrive.local import LocalStack, StackPorts, StackStatus
+from redrive.local.kafka import LocalKafka
 
 pytest_plugins = [
     "tests.plugins.scheduling",
@@ -33,9 +34,31 @@ pytest_plugins = [
 os.environ["SPARK_CONF_DIR"] = str(Path(__file__).resolve().parent / "spark-conf")
 
 
+SHARE_HEARTBEAT_MS = "1000"
+"""How often the session broker has share-group members heartbeat. Kafka's default is
+5 s, also the least a group may ask for unless the broker lowers it. A member is given
+its partitions in a heartbeat's answer, so each share consumer a test started waited
+up to that long for its first record; the tests' assertions do not depend on the
+interval (each waits for outcomes with a deadline)."""
+
+
+class SuiteStack(LocalStack):
+    """The local stack, its broker with the suite's share-group heartbeat."""
+
+    def kafka(self, ports: StackPorts | None = None) -> LocalKafka:
+        broker = super().kafka(ports)
+        broker.extra_properties.update(
+            {
+                "group.share.heartbeat.interval.ms": SHARE_HEARTBEAT_MS,
+                "group.share.min.heartbeat.interval.ms": SHARE_HEARTBEAT_MS,
+            }
+        )
+        return broker
+
+
 @pytest.fixture(scope="session")
 def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
-    stack = LocalStack(tmp_path_factory.mktemp("redrive-state"))
+    stack = SuiteStack(tmp_path_factory.mktemp("redrive-state"))
     try:
         stack.up(kafka_port=0, postgres_port=0, quiet=True)
         yield stack

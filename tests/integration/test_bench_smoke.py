@@ -1,4 +1,5 @@
-"""The benchmarks still run: `python -m bench --quick` at tiny sizes, on its own stack.
+"""The benchmarks still run: `python -m bench --quick` at tiny sizes, on the session's
+broker and PostgreSQL server (each benchmark makes topics and databases of its own).
 
 This measures nothing (no timing is asserted anywhere in the test suite); it keeps the
 benchmark code from rotting between the runs that record figures in
@@ -23,11 +24,14 @@ SPARK = "spark"
 OTHERS = ["service", "precision", "pending", "consumer", "replay", "groups"]
 
 
-def run_quick(only: list[str], tmp_path: Path) -> dict[str, dict[str, Any]]:
-    """`python -m bench --quick ONLY...`: its results by name."""
+def run_quick(
+    only: list[str], tmp_path: Path, bootstrap: str, database_url: str
+) -> dict[str, dict[str, Any]]:
+    """`python -m bench --quick ONLY...` on the given servers: its results by name."""
     out = tmp_path / "results.json"
+    servers = ["--bootstrap", bootstrap, "--database-url", database_url]
     run = subprocess.run(
-        [sys.executable, "-m", "bench", "--quick", *only, "--json", str(out)],
+        [sys.executable, "-m", "bench", "--quick", *only, *servers, "--json", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -40,8 +44,10 @@ def run_quick(only: list[str], tmp_path: Path) -> dict[str, dict[str, Any]]:
     return {r["name"]: r for r in json.loads(out.read_text())}
 
 
-def test_every_benchmark_but_spark_runs_and_reports_its_figures(tmp_path: Path) -> None:
-    results = run_quick(OTHERS, tmp_path)
+def test_every_benchmark_but_spark_runs_and_reports_its_figures(
+    tmp_path: Path, bootstrap: str, database_url: str
+) -> None:
+    results = run_quick(OTHERS, tmp_path, bootstrap, database_url)
     expected = [
         "1 raw Kafka passthrough",
         "2 ceiling: Kafka relay",
@@ -100,8 +106,10 @@ def test_every_benchmark_but_spark_runs_and_reports_its_figures(tmp_path: Path) 
 
 
 @pytest.mark.spark
-def test_the_spark_benchmark_runs_and_reports_its_figures(tmp_path: Path) -> None:
-    results = run_quick([SPARK], tmp_path)
+def test_the_spark_benchmark_runs_and_reports_its_figures(
+    tmp_path: Path, bootstrap: str, database_url: str
+) -> None:
+    results = run_quick([SPARK], tmp_path, bootstrap, database_url)
     assert sorted(results) == sorted(
         [
             "1 raw Kafka passthrough",
