@@ -100,14 +100,12 @@ class KeptLines:
             return False
         return self.keeping(partition, key)
 
-    def keep(self, message: Message, bounded: bool = True) -> bool:
+    def keep(self, message: Message) -> bool:
         """Keep a record read behind its key's head; False when its partition's bound is
-        reached. ``bounded=False``: a record of a line being handled, put back behind
-        its key's new head, is kept whatever the bound (it held a place already, and
-        its partition has moved past it)."""
+        reached (a line being handled goes back by :meth:`put_back` instead)."""
         partition = (message.topic, message.partition)
         count = self._counts.get(partition, 0)
-        if bounded and count >= self.most:
+        if count >= self.most:
             self.full.add(partition)
             return False
         _, line = self.by_partition[partition][message.key]  # type: ignore[index]

@@ -134,18 +134,23 @@ class Pipeline:
         while ready:
             topic, line = ready.popleft()
             steps = self.reads[topic][0]
+            first = line[0]  # a line is one key's, on one partition
+            where, key = (first.topic, first.partition), first.key
+            assert key is not None  # unkeyed records are never kept
             while line:
                 message = line.popleft()
+                stop: Wait | DealtWith | None = None
                 try:
                     stop = self.gate(steps, message)
-                    if isinstance(stop, Wait):  # no room: it has its place already
-                        kept.keep(message, bounded=False)
-                    elif stop is None:
+                    if stop is None:
                         self.handle(steps, message, None)
                 except Exception as exc:  # noqa: BLE001 - no record may stop the consumer
                     self._kept_unprocessable(steps, message, exc)
-                where, key = (message.topic, message.partition), message.key
-                if line and key is not None and kept.keeping(where, key):
+                if isinstance(stop, Wait):
+                    # Its key is held again and its partition at the bound: back in
+                    # the line it held a place in already, with the rest.
+                    line.appendleft(message)
+                if line and (isinstance(stop, Wait) or kept.keeping(where, key)):
                     kept.put_back(where, key, line)
 
     def _kept_unprocessable(self, steps: Steps, message: Message, cause: Exception) -> None:
