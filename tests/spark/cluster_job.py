@@ -8,7 +8,8 @@ through redrive.spark's public API, as a user's job would be written.
         --requests R --dlq D --checkpoints DIR
 
 The session is the plain ``SparkSession.builder.getOrCreate()``: master, jars and
-settings all come from spark-submit. It runs until SIGTERM (or a query fails).
+settings all come from spark-submit. It runs until SIGTERM, or until a query fails
+more often than its restarts allow.
 
 Records are numbers; the handler fails some of them once (retried) and rejects some
 for good (dead letters), and takes a little time per record, so that a worker killed
@@ -59,33 +60,37 @@ def main() -> None:
 
     from pyspark.sql import SparkSession
 
-    from redrive.spark import build_scheduler_query, run_until_stopped, start_pipeline
+    from redrive.spark import Supervised, build_scheduler_query, run_until_stopped, start_pipeline
 
     spark = SparkSession.builder.appName("redrive-cluster-test").getOrCreate()
     try:
-        scheduler = build_scheduler_query(
-            spark,
-            bootstrap=args.bootstrap,
-            requests_topic=args.requests,
-            dlq_topic=args.dlq,
-            allowed_destinations=[args.source],
-            checkpoint=f"{args.checkpoints}/scheduler",
-            create_topics=False,
+        scheduler = Supervised(
+            lambda: build_scheduler_query(
+                spark,
+                bootstrap=args.bootstrap,
+                requests_topic=args.requests,
+                dlq_topic=args.dlq,
+                allowed_destinations=[args.source],
+                checkpoint=f"{args.checkpoints}/scheduler",
+                create_topics=False,
+            )
         )
-        pipeline = start_pipeline(
-            spark,
-            args.bootstrap,
-            args.source,
-            handler,
-            policy="1s x3",
-            fatal_on=ValueError,
-            output_topic=args.output,
-            group="cluster-test",
-            requests_topic=args.requests,
-            checkpoint=f"{args.checkpoints}/pipeline",
-            trigger_interval="500 milliseconds",
-            max_offsets_per_trigger=args.max_offsets_per_trigger,
-            query_name="redrive-pipeline",
+        pipeline = Supervised(
+            lambda: start_pipeline(
+                spark,
+                args.bootstrap,
+                args.source,
+                handler,
+                policy="1s x3",
+                fatal_on=ValueError,
+                output_topic=args.output,
+                group="cluster-test",
+                requests_topic=args.requests,
+                checkpoint=f"{args.checkpoints}/pipeline",
+                trigger_interval="500 milliseconds",
+                max_offsets_per_trigger=args.max_offsets_per_trigger,
+                query_name="redrive-pipeline",
+            )
         )
         print("redrive cluster job: both queries started", flush=True)
         run_until_stopped([pipeline, scheduler])

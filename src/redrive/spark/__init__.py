@@ -8,6 +8,9 @@
 - :mod:`redrive.spark.scheduler`: the retry service's scheduling as a streaming
   query with ``transformWithStateInPandas`` (:func:`build_scheduler_query`,
   :func:`run_scheduler`).
+- :mod:`redrive.spark.supervision`: queries started again from their checkpoints
+  after a failure (:class:`Supervised`, :class:`Restarts`), by
+  :func:`run_until_stopped`.
 
 Needs the ``spark`` extra (``pip install 'redrive[spark]'``) and Java 17+; see
 docs/spark.md.
@@ -28,6 +31,7 @@ if TYPE_CHECKING:
     from redrive.spark.scheduler import build_scheduler_query
     from redrive.spark.scheduler_run import run_scheduler
     from redrive.spark.session import connector_jars, run_until_stopped, spark_session
+    from redrive.spark.supervision import Restarts, Supervised
 
 _HOMES = {
     "AtLeastOnce": "delivery",
@@ -40,6 +44,8 @@ _HOMES = {
     "connector_jars": "session",
     "run_until_stopped": "session",
     "spark_session": "session",
+    "Restarts": "supervision",
+    "Supervised": "supervision",
 }
 
 
@@ -54,6 +60,8 @@ __all__ = [
     "AtLeastOnce",
     "ExactlyOnce",
     "Handler",
+    "Restarts",
+    "Supervised",
     "build_scheduler_query",
     "connector_jars",
     "run_scheduler",

@@ -44,6 +44,7 @@ from redrive.spark.pipeline_settings import (
     PipelineSettings,
 )
 from redrive.spark.session import LOG_LEVEL, run_until_stopped, spark_session
+from redrive.spark.supervision import Supervised
 from redrive.topic_names import REQUESTS_TOPIC
 
 DEFAULT_MASTER: Final = "local[2]"
@@ -118,7 +119,9 @@ def check(
 
 def run(checked: CheckedPipeline) -> None:
     """Start the query and block until Ctrl-C or SIGTERM (then stop it cleanly and
-    return) or until it fails (raise its exception)."""
+    return). A query that fails is started again from its checkpoint, within
+    :class:`redrive.spark.supervision.Restarts`' defaults; past them its exception is
+    raised."""
     # Under spark-submit the JVM and what it starts write to spark-submit's console.
     console = quiet_console() if checked.master is not None else contextlib.nullcontext()
     with console:
@@ -135,26 +138,28 @@ def _run(checked: CheckedPipeline) -> None:
     try:
         if s.metrics_port is not None:
             served = listen(spark, SparkMetrics(), s.metrics_port)
-        query = start_pipeline(
-            spark,
-            checked.broker.bootstrap,
-            list(s.sources),
-            checked.handler,
-            policy=checked.policy,
-            output_topic=s.output,
-            group=s.group,
-            checkpoint=s.checkpoint,
-            trigger_interval=s.trigger,
-            starting_offsets=s.starting_offsets,
-            max_offsets_per_trigger=s.max_offsets_per_trigger,
-            delivery=delivery,
-            kafka_options=checked.kafka_options,
-            query_name=f"redrive-pipeline-{s.group}",
-            requests_topic=s.requests_topic,
-            per_group_topic=s.per_group_topic,
-            dead_letters=s.dead_letters,
-            dlq_topic=s.dlq_topic,
-            signing=checked.signing,
+        query = Supervised(
+            lambda: start_pipeline(
+                spark,
+                checked.broker.bootstrap,
+                list(s.sources),
+                checked.handler,
+                policy=checked.policy,
+                output_topic=s.output,
+                group=s.group,
+                checkpoint=s.checkpoint,
+                trigger_interval=s.trigger,
+                starting_offsets=s.starting_offsets,
+                max_offsets_per_trigger=s.max_offsets_per_trigger,
+                delivery=delivery,
+                kafka_options=checked.kafka_options,
+                query_name=f"redrive-pipeline-{s.group}",
+                requests_topic=s.requests_topic,
+                per_group_topic=s.per_group_topic,
+                dead_letters=s.dead_letters,
+                dlq_topic=s.dlq_topic,
+                signing=checked.signing,
+            )
         )
         typer.echo(
             f"redrive spark pipeline: {s.handler} on kafka {checked.broker.bootstrap}: "

@@ -33,30 +33,35 @@ def run_scheduler(
     Creates the SparkSession (:func:`redrive.spark.session.spark_session`, ``master``
     and ``spark_conf`` passed on), starts :func:`build_scheduler_query` and blocks;
     with ``metrics_port`` serves its metrics (:mod:`redrive.spark.metrics`).
-    On Ctrl-C or SIGTERM the query is stopped cleanly and this returns; a failed query
-    raises its exception (``pyspark.errors.StreamingQueryException``).
+    On Ctrl-C or SIGTERM the query is stopped cleanly and this returns. A query that
+    fails is started again from its checkpoint (:class:`redrive.spark.supervision.
+    Restarts`' defaults); one that fails more often raises its exception
+    (``pyspark.errors.StreamingQueryException``).
     """
     from redrive.spark.metrics import SparkMetrics, listen
     from redrive.spark.session import run_until_stopped, spark_session
+    from redrive.spark.supervision import Supervised
 
     spark = spark_session("redrive-spark-scheduler", master=master, conf=spark_conf)
     served = None
     try:
         if metrics_port is not None:
             served = listen(spark, SparkMetrics(), metrics_port)
-        query = build_scheduler_query(
-            spark,
-            bootstrap=bootstrap,
-            requests_topic=requests_topic,
-            dlq_topic=dlq_topic,
-            allowed_destinations=allowed_destinations,
-            checkpoint=checkpoint,
-            trigger_interval=trigger_interval,
-            max_delay_days=max_delay_days,
-            kafka_options=kafka_options,
-            admin_config=admin_config,
-            delivery=delivery,
-            signatures=signatures,
+        query = Supervised(
+            lambda: build_scheduler_query(
+                spark,
+                bootstrap=bootstrap,
+                requests_topic=requests_topic,
+                dlq_topic=dlq_topic,
+                allowed_destinations=allowed_destinations,
+                checkpoint=checkpoint,
+                trigger_interval=trigger_interval,
+                max_delay_days=max_delay_days,
+                kafka_options=kafka_options,
+                admin_config=admin_config,
+                delivery=delivery,
+                signatures=signatures,
+            )
         )
         run_until_stopped([query])
     finally:

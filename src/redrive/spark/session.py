@@ -122,12 +122,17 @@ def spark_session(
 def run_until_stopped(queries: Sequence[Any], *, poll_s: float = 0.5) -> None:
     """Block until Ctrl-C or SIGTERM, or until one of the streaming queries ends.
 
-    Then stop every query (a running micro-batch is interrupted; it is run again on
-    the next start, from the checkpoint) and return, or raise the exception of a
-    query that failed. PySpark's own Ctrl-C handler calls into the JVM from inside
-    the signal handler, which breaks a blocking ``awaitTermination()``; here the
-    signals only set a flag, and the queries are polled.
+    ``queries`` are started queries or :class:`redrive.spark.supervision.Supervised`
+    ones, which are started again from their checkpoints when they fail (within their
+    ``Restarts``). Then stop every query (a running micro-batch is interrupted; it is
+    run again on the next start, from the checkpoint) and return, or raise the
+    exception of a query that failed. PySpark's own Ctrl-C handler calls into the JVM
+    from inside the signal handler, which breaks a blocking ``awaitTermination()``;
+    here the signals only set a flag, and the queries are polled.
     """
+    from redrive.spark.supervision import Supervised, Unsupervised, Watched
+
+    watched: list[Watched] = [q if isinstance(q, Supervised) else Unsupervised(q) for q in queries]
     stop = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -139,13 +144,13 @@ def run_until_stopped(queries: Sequence[Any], *, poll_s: float = 0.5) -> None:
             handlers[sig] = signal.signal(sig, on_signal)
     try:
         while not stop.is_set():
-            for query in queries:
-                if query.awaitTermination(poll_s / max(len(queries), 1)):
+            for query in watched:
+                if query.ended(poll_s / max(len(watched), 1), stop):
                     return  # it ended; one that failed raised its exception instead
     finally:
         if stop.is_set():
             silence_logs()
-        for query in queries:
+        for query in watched:
             query.stop()
         for sig, previous in handlers.items():
             signal.signal(sig, previous)
