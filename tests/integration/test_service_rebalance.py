@@ -4,6 +4,7 @@ When another instance joins, the partitions it takes must come with their offset
 committed past every request already stored; otherwise it reads those requests
 again, and any already delivered (and so gone from the unique index) would be
 delivered twice. The batch being stored when the rebalance comes is waited for.
+Requests intake had not read when the rebalance came are the joiner's to read.
 """
 
 from __future__ import annotations
@@ -39,6 +40,30 @@ def _storing_waits(url: str) -> bool:
     return bool(row and row[0])
 
 
+def _stored(url: str, topic: str) -> dict[int, int]:
+    """The highest offset of each partition of ``topic`` that intake stored."""
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT request_partition, max(request_offset) FROM redrive_pending"
+            " WHERE request_topic = %s GROUP BY request_partition",
+            (topic,),
+        ).fetchall()
+    return {partition: offset for partition, offset in rows}
+
+
+def _settled(url: str, topic: str, timeout_s: float) -> dict[int, int]:
+    """What intake stored, once no insert waits and two looks a second apart agree."""
+    deadline = Deadline(timeout_s)
+    before = None
+    while True:
+        now = None if _storing_waits(url) else _stored(url, topic)
+        if now is not None and now == before:
+            return now
+        assert not deadline.passed(), "intake's stores never settled"
+        before = now
+        time.sleep(1)
+
+
 def test_partitions_are_handed_over_with_the_batch_being_stored_committed(
     bootstrap: str, database_url: str, new_topic: Any, tmp_path: Path
 ) -> None:
@@ -54,7 +79,9 @@ def test_partitions_are_handed_over_with_the_batch_being_stored_committed(
         with psycopg.connect(db) as blocker:
             # Hold intake's next insert: its batch is read but not yet stored.
             blocker.execute("LOCK TABLE redrive_pending IN SHARE ROW EXCLUSIVE MODE")
-            due = now_ms()
+            # Due in an hour: the stored requests stay in the table, where the test
+            # reads their offsets.
+            due = now_ms() + 3_600_000
             records = [
                 {
                     "key": f"k{i}".encode(),
@@ -81,17 +108,20 @@ def test_partitions_are_handed_over_with_the_batch_being_stored_committed(
                 if blocker.info.transaction_status and time.monotonic() - joined > 4:
                     blocker.commit()
             taken = joiner.assignment()
-            committed = joiner.committed(taken, timeout=10)
-            ends = [joiner.get_watermark_offsets(tp, timeout=10)[1] for tp in taken]
+            committed = {c.partition: c.offset for c in joiner.committed(taken, timeout=10)}
+            if blocker.info.transaction_status:
+                blocker.commit()
+        # Had the first instance let its partitions go before storing the batch, the
+        # insert it waited on would store them now: look once it has finished.
+        stored = _settled(db, settings.requests_topic, 60)
     finally:
         joiner.close()
         first.terminate()
-    assert sum(ends) > 0, "the joiner took only empty partitions: the test proves nothing"
-    behind = {
-        tp.partition: end - max(c.offset, 0)
-        for tp, c, end in zip(taken, committed, ends, strict=True)
-        if end - max(c.offset, 0) > 0
-    }
+    # Records intake had not read yet may be left to the joiner: they were never stored.
+    # What was stored must be behind every committed offset the joiner starts from.
+    handed = {p: stored[p] for p in committed if p in stored}
+    assert handed, "the joiner took no partition with a stored request: the test proves nothing"
+    behind = {p: (committed[p], last) for p, last in handed.items() if committed[p] <= last}
     assert behind == {}, f"handed over with stored requests uncommitted: {behind}"
     log = (tmp_path / "first.log").read_text()
     assert "partitions revoked" in log
