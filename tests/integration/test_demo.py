@@ -11,6 +11,7 @@ Java log line, no raw librdkafka line).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -40,6 +41,25 @@ def demo_env(local_stack: LocalStack, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("REDRIVE_", "DEMO_"))}
     env.update(REDRIVE_STATE_DIR=str(local_stack.root), **extra)
     return env
+
+
+def stopped_within(proc: subprocess.Popen[str], timeout_s: float) -> tuple[str, str]:
+    """What the process printed once it stopped; if it has not within ``timeout_s``,
+    its threads' stacks are asked for and its whole session killed, and the test fails
+    saying where it hung."""
+    try:
+        return proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGABRT)
+        try:
+            rest, err = proc.communicate(timeout=10)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(
+            f"still running {timeout_s:.0f} s after Ctrl-C; it printed:\n"
+            f"{rest[-2000:]}\n{err[-8000:]}"
+        )
 
 
 def applied_on(engine: str, out: str) -> int:
@@ -106,10 +126,13 @@ def test_the_ui_address_the_demo_prints_shows_both_dead_letters(local_stack: Loc
     Ctrl-C stops it cleanly, the Spark query included."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "redrive.cli", "demo"],
-        env=demo_env(local_stack),
+        # A demo that hangs on its way out is asked where (SIGABRT: Python's fault
+        # handler prints every thread's stack), then stopped with all it started.
+        env=demo_env(local_stack, PYTHONFAULTHANDLER="1"),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,
     )
     try:
         assert proc.stdout is not None
@@ -133,7 +156,7 @@ def test_the_ui_address_the_demo_prints_shows_both_dead_letters(local_stack: Loc
         assert "JSONDecodeError" in overview  # the Spark query's
     finally:
         proc.send_signal(signal.SIGINT)
-        rest, err = proc.communicate(timeout=90)
+        rest, err = stopped_within(proc, 90)
     assert proc.returncode == 0, rest + err
     assert err == "", err
     assert not NOISE.search(rest), rest
