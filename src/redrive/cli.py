@@ -14,6 +14,7 @@ from redrive.errors import ConfigError, RedriveError
 from redrive.local_commands import local_app
 from redrive.spark.pipeline_command import command as pipeline_command
 from redrive.spark.pipeline_settings import Broker
+from redrive.spark.supervision import Restarts
 
 if TYPE_CHECKING:
     from redrive.service.config import ServiceSettings
@@ -286,6 +287,13 @@ def spark_scheduler(
             show_default=False,
         ),
     ] = None,
+    restarts: Annotated[
+        int,
+        typer.Option(
+            help="Times a failed query is started again from its checkpoint within "
+            "10 minutes before the command ends with its error; 0: never.",
+        ),
+    ] = Restarts.at_most,
 ) -> None:
     """Run the retry scheduling as a Spark Structured Streaming query.
 
@@ -296,11 +304,12 @@ def spark_scheduler(
     """
     from redrive.spark.console import quiet_console
     from redrive.spark.kafka_options import spark_kafka_options
-    from redrive.spark.pipeline_checks import pairs
+    from redrive.spark.pipeline_checks import pairs, restarts_of
     from redrive.spark.scheduler_run import run_scheduler
 
     spark_conf = pairs("--conf", tuple(conf or ()))
     client = pairs("--kafka", tuple(kafka or ()))
+    supervision = restarts_of(restarts)
     if master.startswith("spark://"):
         spark_conf.setdefault("spark.cores.max", str(SCHEDULER_CORES))
     settings, resolved = _spark_broker(
@@ -330,6 +339,7 @@ def spark_scheduler(
             spark_conf=spark_conf,
             metrics_port=metrics_port,
             signatures=settings.signature_check(),
+            restarts=supervision,
         )
     typer.echo("redrive spark scheduler: stopped")
 

@@ -105,3 +105,19 @@ def test_the_former_name_spark_scheduler_is_the_same_command() -> None:
         "spark scheduler", "spark-scheduler"
     )
     assert "spark-scheduler" not in help_of()  # hidden: the docs name `redrive spark scheduler`
+
+
+def test_a_negative_restarts_is_refused_before_spark_starts(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "redrive.cli", "spark", "scheduler"]
+        + ["--checkpoint", str(tmp_path / "ckpt"), "--restarts", "-1"]
+        + ["--bootstrap", "127.0.0.1:9"],  # no broker: the check needs none
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith("redrive: --restarts: -1 is not a number of restarts")
+    assert "log4j" not in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "ckpt").exists()

@@ -177,6 +177,7 @@ NO_BROKER = "127.0.0.1:9"  # checks made before the broker's must not need one
         (HANDLERS, [], "MODULE:HANDLER", "is not of the form MODULE:HANDLER"),
         (f"{HANDLERS}:handle", ["--policy", "5 x3"], "--policy", "missing unit"),
         (f"{HANDLERS}:handle", ["--retry-on", f"{HANDLERS}.handle"], "--retry-on", "not an"),
+        (f"{HANDLERS}:handle", ["--restarts", "-1"], "--restarts", "-1 is not a number"),
     ],
 )
 def test_a_mistake_is_one_line_naming_the_option(

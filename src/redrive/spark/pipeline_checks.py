@@ -14,6 +14,7 @@ from redrive.policy import policy as make_policy
 from redrive.signing import KeyRing, key_ring
 from redrive.spark.handler_import import import_exception_classes
 from redrive.spark.record_handler import Destinations
+from redrive.spark.supervision import Restarts
 
 if TYPE_CHECKING:
     from redrive.spark.pipeline_settings import Broker, PipelineSettings
@@ -141,6 +142,17 @@ def max_offsets(value: int | None) -> int | None:
             "give 1 or more (records per micro-batch, over all source partitions)",
         )
     return value
+
+
+def restarts_of(value: int) -> Restarts:
+    """``--restarts``: how often a failed query is started again."""
+    if value < 0:
+        raise ConfigError(
+            "--restarts",
+            f"{value} is not a number of restarts",
+            "give 0 (a failed query ends the command) or more",
+        )
+    return Restarts(at_most=value)
 
 
 def signing(settings: PipelineSettings, environ: Mapping[str, str]) -> KeyRing | None:

@@ -44,7 +44,7 @@ from redrive.spark.pipeline_settings import (
     PipelineSettings,
 )
 from redrive.spark.session import LOG_LEVEL, run_until_stopped, spark_session
-from redrive.spark.supervision import Supervised
+from redrive.spark.supervision import Restarts, Supervised
 from redrive.topic_names import REQUESTS_TOPIC
 
 DEFAULT_MASTER: Final = "local[2]"
@@ -97,6 +97,7 @@ def check(
         )
     kafka = pipeline_checks.pairs("--kafka", settings.kafka)
     pipeline_checks.max_offsets(settings.max_offsets_per_trigger)
+    restarts = pipeline_checks.restarts_of(settings.restarts)
     pipeline_checks.check_topic_names(settings)
     handler = import_handler(settings.handler)
     pipeline_policy = pipeline_checks.policy(settings)
@@ -114,14 +115,15 @@ def check(
         spark_conf,
         kafka_options,
         pipeline_checks.signing(settings, os.environ),
+        restarts,
     )
 
 
 def run(checked: CheckedPipeline) -> None:
     """Start the query and block until Ctrl-C or SIGTERM (then stop it cleanly and
-    return). A query that fails is started again from its checkpoint, within
-    :class:`redrive.spark.supervision.Restarts`' defaults; past them its exception is
-    raised."""
+    return). A query that fails is started again from its checkpoint, as often as
+    ``--restarts`` allows (:class:`redrive.spark.supervision.Restarts`); past that its
+    exception is raised."""
     # Under spark-submit the JVM and what it starts write to spark-submit's console.
     console = quiet_console() if checked.master is not None else contextlib.nullcontext()
     with console:
@@ -159,7 +161,8 @@ def _run(checked: CheckedPipeline) -> None:
                 dead_letters=s.dead_letters,
                 dlq_topic=s.dlq_topic,
                 signing=checked.signing,
-            )
+            ),
+            checked.restarts,
         )
         typer.echo(
             f"redrive spark pipeline: {s.handler} on kafka {checked.broker.bootstrap}: "
@@ -312,6 +315,13 @@ def command(resolve_broker: BrokerResolver) -> Callable[..., None]:
                 show_default=False,
             ),
         ] = None,
+        restarts: Annotated[
+            int,
+            typer.Option(
+                help="Times a failed query is started again from its checkpoint within "
+                "10 minutes before the command ends with its error; 0: never.",
+            ),
+        ] = Restarts.at_most,
         signing_key: Annotated[
             list[str] | None,
             typer.Option(
@@ -357,6 +367,7 @@ def command(resolve_broker: BrokerResolver) -> Callable[..., None]:
             spark_conf=tuple(conf or ()),
             kafka=tuple(kafka or ()),
             metrics_port=metrics_port,
+            restarts=restarts,
             signing_keys=tuple(signing_key or ()),
             signing_key_files=tuple(signing_key_file or ()),
         )

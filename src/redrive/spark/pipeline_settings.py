@@ -10,6 +10,7 @@ from enum import StrEnum
 from redrive.policy import Policy
 from redrive.signing import KeyRing
 from redrive.spark.record_handler import DeadLetterTarget, Handler
+from redrive.spark.supervision import Restarts
 from redrive.topic_names import REQUESTS_TOPIC
 
 
@@ -67,6 +68,8 @@ class PipelineSettings:
     kafka: tuple[str, ...] = ()
     """``--kafka key=value`` (librdkafka's names), as given."""
     metrics_port: int | None = None
+    restarts: int = Restarts.at_most
+    """``--restarts``: times a failed query is started again within ten minutes."""
     signing_keys: tuple[str, ...] = ()
     """``--signing-key id=secret``, as given."""
     signing_key_files: tuple[str, ...] = ()
@@ -88,3 +91,4 @@ class CheckedPipeline:
     """The broker's client settings as Spark's Java client takes them."""
     signing: KeyRing | None = None
     """The keys its requests are signed with: the options', else the environment's."""
+    restarts: Restarts = field(default_factory=Restarts)

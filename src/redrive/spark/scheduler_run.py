@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from redrive.signing import SignatureCheck
 from redrive.spark.delivery import EXACTLY_ONCE, Delivery
 from redrive.spark.scheduler import build_scheduler_query
+from redrive.spark.supervision import Restarts, Supervised
 from redrive.topic_names import DLQ_TOPIC, REQUESTS_TOPIC
 
 
@@ -27,6 +28,7 @@ def run_scheduler(
     metrics_port: int | None = None,
     delivery: Delivery = EXACTLY_ONCE,
     signatures: SignatureCheck | None = None,
+    restarts: Restarts | None = None,
 ) -> None:
     """Run the scheduler until stopped (Ctrl-C, SIGTERM, or the query fails).
 
@@ -34,13 +36,12 @@ def run_scheduler(
     and ``spark_conf`` passed on), starts :func:`build_scheduler_query` and blocks;
     with ``metrics_port`` serves its metrics (:mod:`redrive.spark.metrics`).
     On Ctrl-C or SIGTERM the query is stopped cleanly and this returns. A query that
-    fails is started again from its checkpoint (:class:`redrive.spark.supervision.
-    Restarts`' defaults); one that fails more often raises its exception
-    (``pyspark.errors.StreamingQueryException``).
+    fails is started again from its checkpoint, as often as ``restarts`` allows
+    (:class:`Restarts`' defaults when None); one that fails more often raises its
+    exception (``pyspark.errors.StreamingQueryException``).
     """
     from redrive.spark.metrics import SparkMetrics, listen
     from redrive.spark.session import run_until_stopped, spark_session
-    from redrive.spark.supervision import Supervised
 
     spark = spark_session("redrive-spark-scheduler", master=master, conf=spark_conf)
     served = None
@@ -61,7 +62,8 @@ def run_scheduler(
                 admin_config=admin_config,
                 delivery=delivery,
                 signatures=signatures,
-            )
+            ),
+            restarts,
         )
         run_until_stopped([query])
     finally:
