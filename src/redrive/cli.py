@@ -12,6 +12,7 @@ import typer
 from redrive import __version__
 from redrive.errors import ConfigError, RedriveError
 from redrive.local_commands import local_app
+from redrive.spark.pipeline_command import RestartsOption
 from redrive.spark.pipeline_command import command as pipeline_command
 from redrive.spark.pipeline_settings import Broker
 from redrive.spark.supervision import Restarts
@@ -287,13 +288,7 @@ def spark_scheduler(
             show_default=False,
         ),
     ] = None,
-    restarts: Annotated[
-        int,
-        typer.Option(
-            help="Times a failed query is started again from its checkpoint within "
-            "10 minutes before the command ends with its error; 0: never.",
-        ),
-    ] = Restarts.at_most,
+    restarts: RestartsOption = Restarts.at_most,
 ) -> None:
     """Run the retry scheduling as a Spark Structured Streaming query.
 

@@ -49,6 +49,15 @@ from redrive.topic_names import REQUESTS_TOPIC
 
 DEFAULT_MASTER: Final = "local[2]"
 
+RestartsOption = Annotated[
+    int,
+    typer.Option(
+        help="Times a failed query is started again from its checkpoint within 10 "
+        "minutes before the command ends with its error; 0: never.",
+    ),
+]
+"""``--restarts``, of ``redrive spark pipeline`` and ``redrive spark scheduler``."""
+
 
 def launched_by_spark_submit() -> bool:
     """True in a driver program that spark-submit started: PySpark then joins the JVM
@@ -315,13 +324,7 @@ def command(resolve_broker: BrokerResolver) -> Callable[..., None]:
                 show_default=False,
             ),
         ] = None,
-        restarts: Annotated[
-            int,
-            typer.Option(
-                help="Times a failed query is started again from its checkpoint within "
-                "10 minutes before the command ends with its error; 0: never.",
-            ),
-        ] = Restarts.at_most,
+        restarts: RestartsOption = Restarts.at_most,
         signing_key: Annotated[
             list[str] | None,
             typer.Option(
