@@ -346,14 +346,19 @@ def _play(
     return outcomes
 
 
-def _stop_on_sigterm() -> None:
-    """SIGTERM stops the demo as Ctrl-C does (the Spark query and its checkpoint too)."""
+def _stop_on_signals() -> None:
+    """Ctrl-C and SIGTERM stop the demo (the Spark query and its checkpoint too).
+
+    SIGINT's handler is installed too, not left to Python's default: a process started
+    with SIGINT ignored (a shell's background job, and whatever it starts) keeps it
+    ignored, and Ctrl-C would then never reach the demo."""
 
     def interrupt(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, interrupt)
+        signal.signal(signal.SIGINT, interrupt)
 
 
 def run(*, oneshot: bool = False) -> int:
@@ -382,7 +387,7 @@ def run(*, oneshot: bool = False) -> int:
         )
     )
     try:
-        _stop_on_sigterm()
+        _stop_on_signals()
         print(f"starting Spark ({MASTER}) and its query …", flush=True)
         spark_started = time.monotonic()
         # First, with nothing else running: the JVM inherits this process's output
