@@ -36,7 +36,13 @@ from confluent_kafka.cimpl import NewTopic
 
 from redrive.headers import Header
 from redrive.local import LocalStack
-from redrive.spark import build_scheduler_query, run_until_stopped, spark_session, start_pipeline
+from redrive.spark import (
+    Supervised,
+    build_scheduler_query,
+    run_until_stopped,
+    spark_session,
+    start_pipeline,
+)
 
 
 class PaymentDeclined(Exception):
@@ -70,32 +76,38 @@ def main() -> None:
             future.result(30)
 
     spark = spark_session("redrive-spark-example")  # local[2], Kafka connector jars
-    pipeline = start_pipeline(
-        spark,
-        bootstrap,
-        [orders],
-        charge,
-        policy="5s x3, 1m x2",  # 5s, 5s, 5s, 1m, 1m: six attempts in all
-        retry_on=[PaymentDeclined],  # anything else is fatal: straight to the dead letters
-        output_topic=charged,
-        group="billing",
-        requests_topic=requests_topic,
-        checkpoint=str(checkpoint / "pipeline"),
+    # Supervised: a query that fails (a broker out of reach, a Python worker slow to
+    # start) is started again from its checkpoint, up to 3 times in 10 minutes.
+    pipeline = Supervised(
+        lambda: start_pipeline(
+            spark,
+            bootstrap,
+            [orders],
+            charge,
+            policy="5s x3, 1m x2",  # 5s, 5s, 5s, 1m, 1m: six attempts in all
+            retry_on=[PaymentDeclined],  # anything else is fatal: to the dead letters
+            output_topic=charged,
+            group="billing",
+            requests_topic=requests_topic,
+            checkpoint=str(checkpoint / "pipeline"),
+        )
     )
     queries = [pipeline]
     if with_scheduler:
-        scheduler = build_scheduler_query(
-            spark,
-            bootstrap=bootstrap,
-            requests_topic=requests_topic,
-            dlq_topic=dlq_topic,
-            allowed_destinations=[orders],  # a request may only send messages back here
-            checkpoint=str(checkpoint / "scheduler"),
+        scheduler = Supervised(
+            lambda: build_scheduler_query(
+                spark,
+                bootstrap=bootstrap,
+                requests_topic=requests_topic,
+                dlq_topic=dlq_topic,
+                allowed_destinations=[orders],  # requests may only send messages back here
+                checkpoint=str(checkpoint / "scheduler"),
+            )
         )
         queries.append(scheduler)
     print(f"running on {bootstrap}: {orders} -> {charged}; Ctrl-C stops", flush=True)
     try:
-        run_until_stopped(queries)  # Ctrl-C or SIGTERM stops them; a failed query raises
+        run_until_stopped(queries)  # until Ctrl-C or SIGTERM, or a query fails too often
     finally:
         spark.stop()
 
