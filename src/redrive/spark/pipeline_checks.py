@@ -145,14 +145,16 @@ def max_offsets(value: int | None) -> int | None:
 
 
 def restarts_of(value: int) -> Restarts:
-    """``--restarts``: how often a failed query is started again."""
-    if value < 0:
+    """``--restarts``: how often a failed query is started again (``Restarts`` judges
+    the value; the error names the option)."""
+    try:
+        return Restarts(at_most=value)
+    except ConfigError as refused:
         raise ConfigError(
             "--restarts",
             f"{value} is not a number of restarts",
             "give 0 (a failed query ends the command) or more",
-        )
-    return Restarts(at_most=value)
+        ) from refused
 
 
 def signing(settings: PipelineSettings, environ: Mapping[str, str]) -> KeyRing | None:

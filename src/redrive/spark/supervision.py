@@ -144,6 +144,11 @@ class Supervised:
             return
 
 
+_NOT_THE_ERROR = ("File ", "^", "~", "SQLSTATE")
+"""Lines of a Python traceback in Spark's message that are not the exception raised:
+frames, the carets under them, and Spark's SQL state."""
+
+
 def _reason(failure: BaseException) -> str:
     """The failure in a line: Spark's message without the query's plan, and of a
     Python traceback in it only the exception it ends with."""
@@ -152,11 +157,10 @@ def _reason(failure: BaseException) -> str:
     if not text:
         return type(failure).__name__
     head, traceback, rest = text.partition("Traceback (most recent call last):")
-    lines = [line.strip() for line in (rest if traceback else head).splitlines()]
     if traceback:
-        ends = [line for line in lines if line and not line.startswith(("File ", "^", "~"))]
-        last = [line for line in ends if not line.startswith("SQLSTATE")]
-        head = head.strip() + " " + (last[-1] if last else "")
+        said = [line.strip() for line in rest.splitlines()]
+        raised = [line for line in said if line and not line.startswith(_NOT_THE_ERROR)]
+        head = f"{head.strip()} {raised[-1] if raised else ''}"
     else:
-        head = lines[0]
+        head = head.splitlines()[0]
     return head.split(" SQLSTATE: ")[0].strip()
