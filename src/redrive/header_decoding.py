@@ -46,6 +46,7 @@ from redrive.header_fields import (
     REPLAYS,
     REQUIRED_HEADERS,
     RETRY_AT,
+    RUN,
     SEND_TO,
     SIGNATURE,
     Header,
@@ -343,3 +344,19 @@ def read_replay(headers: Iterable[Header] | None) -> tuple[int, int] | None:
     if replays is None or replay_of is None or replays > MAX_INT32 or replay_of > MAX_INT64:
         return None
     return replays, replay_of
+
+
+def read_run(headers: Iterable[Header] | None) -> int | None:
+    """Leniently read ``redrive-run`` off a delivered record: the run of its key's queue
+    the retry service delivered it in. None when absent or not a decimal integer in
+    range (a first delivery, an unordered retry, a forged value); never raises."""
+    if not headers:
+        return None
+    run = None
+    for name, value in headers:
+        if name == RUN:
+            run = value
+    if not isinstance(run, bytes) or not run.isdigit() or len(run) > 19:
+        return None
+    number = int(run)
+    return number if number <= MAX_INT64 else None

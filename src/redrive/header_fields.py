@@ -59,6 +59,13 @@ DEAD_LETTER_REASON: Final = "redrive-dead-letter-reason"
 """Not part of a request: added to a dead letter published to a DLQ topic (by the
 retry service's ``mirror_dead_letters`` and the Spark scheduler), saying why it is
 one. Never read from a request, so not in :data:`ALL_HEADERS`."""
+RUN: Final = "redrive-run"
+"""Not part of a request: added by the retry service to each record of a key's queue it
+delivers, naming the run it delivered them in (the records of one key released
+together, :mod:`redrive.service.store.key_queues`). A consumer that fails on one of a
+run drops the rest of that run, which the service then holds again behind the failed
+record (:mod:`redrive.consumer.key_order_service`). Never read from a request, so not
+in :data:`ALL_HEADERS`."""
 
 FIELD_OF: Final[dict[str, str]] = {
     DESTINATION: "destination",

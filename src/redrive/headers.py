@@ -33,6 +33,7 @@ from typing import NamedTuple
 from redrive.header_decoding import decode as decode
 from redrive.header_decoding import read_delivery_headers as read_delivery_headers
 from redrive.header_decoding import read_replay as read_replay
+from redrive.header_decoding import read_run as read_run
 from redrive.header_fields import ALL_HEADERS as ALL_HEADERS
 from redrive.header_fields import ATTEMPT as ATTEMPT
 from redrive.header_fields import DEAD_LETTER_REASON as DEAD_LETTER_REASON
@@ -66,6 +67,7 @@ from redrive.header_fields import REPLAY_OF as REPLAY_OF
 from redrive.header_fields import REPLAYS as REPLAYS
 from redrive.header_fields import REQUIRED_HEADERS as REQUIRED_HEADERS
 from redrive.header_fields import RETRY_AT as RETRY_AT
+from redrive.header_fields import RUN as RUN
 from redrive.header_fields import SEND_TO as SEND_TO
 from redrive.header_fields import SIGNATURE as SIGNATURE
 from redrive.header_fields import TRUNCATED_PREFIX as TRUNCATED_PREFIX

@@ -107,6 +107,42 @@ def test_later_records_of_a_key_wait_behind_its_retry(
             assert outcome_count(again, topic, "held_behind") == 0
 
 
+def test_a_record_failing_in_its_run_sends_the_rest_of_the_run_back_behind_it(
+    bootstrap: str, database_url: str, new_topic: Callable[..., str]
+) -> None:
+    # An async handler sends the records behind a held key to the service, which
+    # delivers them back together with their head (one run). a2 fails on its first
+    # call, in that run: a3 and a4, delivered with it, wait again behind a2's retry
+    # and are handled after it, once each (an App handling them from the failed run
+    # would call a3 before a2's retry).
+    topic = new_topic("key-order-run")
+    calls = Calls()
+    succeeded: set[tuple[bytes, int]] = set()
+
+    async def handler(message: Message) -> None:
+        await asyncio.sleep(0.01)
+        calls.add(message)
+        if message.raw_value in (b"a1", b"a2") and message.attempt == 1:
+            raise Flaky("fails once")
+        assert message.raw_value is not None
+        succeeded.add((message.raw_value, message.attempt))
+
+    values = [b"a1", b"a2", b"a3", b"a4"]
+    with retry_service(bootstrap, database_url, allowed_destinations=[topic]) as service:
+        requests = service.settings.requests_topic
+        with running_app(_app(bootstrap, topic, requests, handler, "service", "2s x3")):
+            produce(bootstrap, topic, _records(b"a", values))
+            assert wait_for(lambda: len(_handled(calls, b"a", succeeded)) == 4, 60)
+            assert [(c.value, c.attempt) for c in calls.items] == [
+                (b"a1", 1),
+                (b"a1", 2),
+                (b"a2", 1),
+                (b"a2", 2),
+                (b"a3", 1),
+                (b"a4", 1),
+            ]
+
+
 def test_records_another_producer_writes_to_a_tier_keep_no_line(
     bootstrap: str, new_topic: Callable[..., str]
 ) -> None:

@@ -157,18 +157,22 @@ def test_a_release_sent_again_releases_nothing_more(store: Store) -> None:
         return Release(queue, offset, attempt, where, same)
 
     with store.claim_due(now_ms=now_ms(), limit=100) as claim:
-        assert [row.value for row in claim.rows] == [b"7"]
+        assert [row.value for row in claim.rows] == [b"7", b"8"]  # one run
         claim.settle(Settlement(kept=[row.id for row in claim.rows]))
-    assert _insert(store, [], releases=[release_of(7, 1, read_at=2)]).repeats == []
-    with store.claim_due(now_ms=now_ms(), limit=100) as claim:
-        assert [row.value for row in claim.rows] == [b"8"]
-        claim.settle(Settlement(kept=[row.id for row in claim.rows]))
-    repeat = release_of(7, 1, read_at=3)
+    later = dataclasses.replace(
+        _retry(9, read_at=2),
+        attempt=0,
+        order="behind",
+        identity=failure_identity(GROUP, "orders", 0, 9, 0, RequestCoordinates("r", 0, 2)),
+    )
+    assert _insert(store, [later]).inserted == 1
+    assert _insert(store, [], releases=[release_of(7, 1, read_at=3)]).repeats == []
+    repeat = release_of(7, 1, read_at=4)
     assert _insert(store, [], releases=[repeat]).repeats == [repeat]
-    # The behind record is still out with its consumer: nothing else became due.
+    # The record behind is still out with its consumer: nothing else became due.
     with store.claim_due(now_ms=now_ms(), limit=100) as claim:
         assert claim.rows == []
-    assert _count(url, "redrive_pending") == 1
+    assert _count(url, "redrive_pending") == 2
 
 
 def test_an_identity_is_forgotten_only_after_its_window(store: Store) -> None:

@@ -25,7 +25,6 @@ from redrive.deadlines import Deadline
 from redrive.headers import Order
 from redrive.service.filters import INT64_MAX, INT64_MIN, encode_cursor
 from redrive.service.service import RetryService
-from tests.integration.consumer_harness import wait_for
 from tests.integration.service_harness import (
     Collector,
     Delivery,
@@ -199,7 +198,7 @@ def test_each_row_shows_its_place_and_the_queue_lists_head_first(env: Env) -> No
     assert refused.status_code == 409, refused.text
     assert refused.json()["detail"] == (
         f"pending retry {first} waits behind its key's head (pending retry {head}): a key's "
-        "retries go one at a time, in order; make the head due or cancel it instead"
+        "retries go in order, from their head; make the head due or cancel it instead"
     )
     assert env.one(first)["order_state"] == "behind"
 
@@ -256,37 +255,47 @@ def test_cancel_and_release_let_the_next_go_and_a_cancelled_row_behind_just_leav
             "position": 0,
         }
 
-        # Cancelling the head: the next goes at once, and waits for its consumer.
+        # Cancelling the head: the rows behind it go at once, together (one run, named
+        # by its first row), and wait for their consumer.
         cancelled_at = now_ms()
         cancelled = env.api.post(f"/api/v1/pending/{ids[20]}/cancel", headers=env.operator)
         assert cancelled.status_code == 200, cancelled.text
-        assert [d.value for d in arrived(collector, key, 1)] == [b"v21"]
+        run = arrived(collector, key, 2)
+        assert [d.value for d in run] == [b"v21", b"v22"]
+        assert [d.header("redrive-run") for d in run] == [str(ids[21]).encode()] * 2
         # Woken at once (NOTIFY), not at the schedulers' next idle check (5 s).
-        waited = arrived(collector, key, 1)[0].received_ms - cancelled_at
+        waited = run[0].received_ms - cancelled_at
         assert waited < 3000, f"the next went {waited} ms after its head was cancelled"
-        wait_until(lambda: env.one(ids[21])["order_state"] == "delivered", 30, "21 delivered")
+        for offset in (21, 22):
+            wait_until(
+                lambda o=offset: env.one(ids[o])["order_state"] == "delivered",
+                30,
+                f"{offset} delivered",
+            )
         now = env.one(ids[21])
         assert now["delivered_ms"] is not None and now["queue"]["head_id"] == ids[21]
-        assert env.one(ids[22])["order_state"] == "behind"
         assert env.one(ids[22])["queue"]["head_id"] == ids[21]
-        refused = env.api.post(f"/api/v1/pending/{ids[21]}/retry-now", headers=env.operator)
+        refused = env.api.post(f"/api/v1/pending/{ids[22]}/retry-now", headers=env.operator)
         assert refused.status_code == 409, refused.text
         assert refused.json()["detail"].startswith(
-            f"pending retry {ids[21]} was delivered and waits for its consumer"
+            f"pending retry {ids[22]} was delivered and waits for its consumer"
         )
 
-        # Its consumer is done with it (a release request): the one after it goes.
-        release = env.request(key, 21, "release", attempt=0)
-        env.send(release)
-        assert [d.value for d in arrived(collector, key, 2)] == [b"v21", b"v22"]
+        # Its consumer is done with each (release requests): each leaves its queue, and
+        # nothing is delivered again.
+        env.send(env.request(key, 21, "release", attempt=0))
         wait_until(
             lambda: env.api.get(f"/api/v1/pending/{ids[21]}").status_code == 404,
             30,
             "21 released",
         )
-        # Recorded once the broker acknowledged it, which may be after it arrived.
-        wait_for(lambda: env.one(ids[22])["order_state"] == "delivered", 30)
         assert env.one(ids[22])["order_state"] == "delivered"
+        env.send(env.request(key, 22, "release", attempt=0))
+        wait_until(
+            lambda: env.api.get(f"/api/v1/pending/{ids[22]}").status_code == 404,
+            30,
+            "22 released",
+        )
         collector.drain(1.0)
         assert [d.value for d in arrived(collector, key, 2)] == [b"v21", b"v22"]
         assert arrived(collector, other, 0) == []  # its head is not due yet
@@ -302,7 +311,9 @@ def test_cancel_and_release_let_the_next_go_and_a_cancelled_row_behind_just_leav
     assert "retry-now" not in actions and actions.count("cancel") >= 2
 
 
-def test_making_a_head_due_delivers_it_and_then_it_waits_for_its_consumer(env: Env) -> None:
+def test_making_a_head_due_delivers_its_run_and_then_it_waits_for_its_consumer(
+    env: Env,
+) -> None:
     key = f"d-{uuid.uuid4().hex[:6]}".encode()
     collector = Collector(env.bootstrap, env.topic)
     try:
@@ -312,12 +323,20 @@ def test_making_a_head_due_delivers_it_and_then_it_waits_for_its_consumer(env: E
         ids = env.ids_by_offset(key, 2)
         made = env.api.post(f"/api/v1/pending/{ids[40]}/retry-now", headers=env.operator)
         assert made.status_code == 200, made.text
-        assert [d.value for d in arrived(collector, key, 1)] == [b"v40"]
-        wait_until(lambda: env.one(ids[40])["order_state"] == "delivered", 30, "40 delivered")
+        assert [d.value for d in arrived(collector, key, 2)] == [b"v40", b"v41"]
+        for offset in (40, 41):
+            wait_until(
+                lambda o=offset: env.one(ids[o])["order_state"] == "delivered",
+                30,
+                f"{offset} delivered",
+            )
+        # A record arriving behind the run waits until its consumer is done with it.
+        env.send(env.request(key, 42, "behind", attempt=0))
+        later = env.ids_by_offset(key, 3)[42]
         time.sleep(0.5)  # long enough for the row behind to go, were it let go
         collector.drain(0.5)
-        assert [d.value for d in arrived(collector, key, 1)] == [b"v40"]
-        assert env.one(ids[41])["order_state"] == "behind"
+        assert [d.value for d in arrived(collector, key, 2)] == [b"v40", b"v41"]
+        assert env.one(later)["order_state"] == "behind"
     finally:
         collector.close()
 

@@ -25,6 +25,7 @@ from redrive.headers import (
     qualified_name,
     read_delivery_headers,
     read_replay,
+    read_run,
     request_id,
 )
 
@@ -358,3 +359,18 @@ def test_a_replayed_records_round_is_carried_into_its_requests_and_dead_letter()
     delivered = decode(encode(first))[0]
     again = next_request(delivered, destination="orders", retry_at=6, error=("E", "m", "t"))
     assert (again.attempt, again.replays, again.replay_of) == (2, 2, 41)
+
+
+@given(st.lists(st.tuples(st.sampled_from(["redrive-run", "other"]), st.binary(max_size=24))))
+def test_a_deliverys_run_is_read_leniently(headers: list[tuple[str, bytes]]) -> None:
+    """``redrive-run`` is the last one's value when that is a decimal integer in range;
+    anything else (absent, garbled, forged) is no run, and reading never raises."""
+    runs = [value for name, value in headers if name == "redrive-run"]
+    found = read_run(headers)
+    last = runs[-1] if runs else b""
+    if not last.isdigit() or len(last) > 19 or int(last) > H.MAX_INT64:
+        assert found is None
+    else:
+        assert found == int(runs[-1])
+    assert read_run([("redrive-run", b"12"), ("redrive-run", b"34")]) == 34
+    assert read_run(None) is None

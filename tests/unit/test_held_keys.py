@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from redrive.consumer.held_keys import HeldKeys
+from redrive.consumer.held_keys import HeldKeys, parse_held
 from redrive.consumer.publisher import Publisher
 
 pytestmark = pytest.mark.unit
@@ -59,8 +59,37 @@ def test_forgotten_partitions_hold_nothing() -> None:
     assert held.count("items") == 1
 
 
+def test_the_run_that_failed_on_a_key_is_remembered_until_the_key_is_free() -> None:
+    held, written = held_keys()
+    held.hold("items", 2, b"k", 40)  # a first failure: no run
+    assert held.dropping("items", 2, b"k") is None
+    held.hold("items", 2, b"k", 41)  # a record behind it
+    held.hold("items", 2, b"k", 40, run=7)  # 40 failing again in run 7
+    assert held.dropping("items", 2, b"k") == 7
+    assert held.last("items", 2, b"k") == 41
+    assert written.last[("g.items.held", 2, b"k")] == b"41 7"
+    held.hold("items", 2, b"k", 42)  # read behind: the failed run stays
+    assert written.last[("g.items.held", 2, b"k")] == b"42 7"
+    del written.last[("g.items.held", 2, b"k")]
+    held.hold("items", 2, b"k", 40, run=7)  # the same hand-off read again: no write
+    assert ("g.items.held", 2, b"k") not in written.last
+    held.hold("items", 2, b"k", 40, run=9)  # its next run failing too
+    assert written.last[("g.items.held", 2, b"k")] == b"42 9"
+    assert held.dropping("items", 3, b"k") is None  # another partition's key
+    assert held.done("items", 2, b"k", 42)
+    assert held.dropping("items", 2, b"k") is None
+    assert written.last[("g.items.held", 2, b"k")] is None
+
+
+@pytest.mark.parametrize("value", [b"", b"x", b"4 ", b"4 x", b"4 5 6", b" 4"])
+def test_a_held_value_that_is_not_an_offset_and_a_run_is_refused(value: bytes) -> None:
+    with pytest.raises(ValueError):
+        parse_held(value)
+
+
 events = st.lists(
-    st.tuples(st.sampled_from(["hold", "done"]), st.sampled_from([b"a", b"b"])), max_size=60
+    st.tuples(st.sampled_from(["hold", "done", "fail"]), st.sampled_from([b"a", b"b"])),
+    max_size=60,
 )
 
 
@@ -73,14 +102,21 @@ def test_held_matches_a_plain_model_and_what_a_restart_reads_back(
     done; what was written last per key says the same."""
     held, written = held_keys()
     handed: dict[bytes, list[int]] = {b"a": [], b"b": []}
+    failed: dict[bytes, int] = {}
     for offset, (step, key) in enumerate(steps):
         if step == "hold":
             held.hold("items", 0, key, offset)
             handed[key].append(offset)
-        elif handed[key]:
+        elif step == "fail" and handed[key]:  # the next of the key failing again, in a run
+            held.hold("items", 0, key, handed[key][0], run=offset)
+            failed[key] = offset
+        elif step == "done" and handed[key]:
             held.done("items", 0, key, handed[key].pop(0))
+            if not handed[key]:
+                failed.pop(key, None)
     for key, waiting in handed.items():
-        expected: Any = waiting[-1] if waiting else None
-        assert held.last("items", 0, key) == expected
+        expected: Any = (waiting[-1], failed.get(key)) if waiting else None
+        found = held.last("items", 0, key)
+        assert (found, held.dropping("items", 0, key)) == (expected or (None, None))
         value = written.last.get(("g.items.held", 0, key))
-        assert (int(value) if value is not None else None) == expected
+        assert (parse_held(value) if value is not None else None) == expected

@@ -60,7 +60,15 @@ _VALUE_MATCHER = re.compile(r'\b(outcome|reason)\s*(?:=~|!~|!=|=)\s*"([^"]*)"')
 
 # The values the code gives the labels matched on by value: a typo matches nothing.
 OUTCOMES = frozenset(
-    {"handled", "retried", "dead_lettered", "repeat_skipped", "held_behind", "moved_behind"}
+    {
+        "handled",
+        "retried",
+        "dead_lettered",
+        "repeat_skipped",
+        "held_behind",
+        "held_again",
+        "moved_behind",
+    }
 )
 SPARK_OUTCOMES = frozenset({"read", *SPARK_RECORD_OUTCOMES})
 LABEL_VALUES = {"outcome": OUTCOMES | SPARK_OUTCOMES, "reason": frozenset(DeadLetterReason)}

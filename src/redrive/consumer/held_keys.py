@@ -3,21 +3,25 @@
 A route with ``ordering="key"`` keeps each key's records in order while one of them
 waits for its retry: the failed record goes to the retry service as the head of its
 key's queue, and every later record of that key, instead of reaching the handler,
-goes behind it (``redrive-order: behind``). The service delivers the queue one record
-at a time (:mod:`redrive.service.store.key_queues`); the App releases each once it is
-done with it (handled, or a dead letter).
+goes behind it (``redrive-order: behind``). The service delivers the queue in order,
+the head with the records waiting behind it, together: a run (``redrive-run``,
+:mod:`redrive.service.store.key_queues`); the App releases each once it is done with
+it (handled, or a dead letter). When a record of a run fails again, the App drops the
+rest of that run: the service holds them again behind the record's new attempt. So a
+held key also names the last run that failed on it, if any (:meth:`HeldKeys.dropping`).
 
 Invariant: a key is held on a partition from the hand-off of one of its records until
 the App is done with the last record of the key it handed off; while held, no record
-of the key read from the partition reaches the handler. What is held survives a
-restart and a rebalance: every change is written to the compacted topic
-``<group>.<topic>.held`` (key: the record key; value: the offset of the last record
-handed off; a tombstone when the key is free), at the partition of the source record,
-with the App's other hand-offs (in the same transaction with ``transactional=True``);
-a partition's held keys are read back from it when the partition is assigned.
+of the key read from the partition reaches the handler, nor does a record of the run
+that failed. What is held survives a restart and a rebalance: every change is written
+to the compacted topic ``<group>.<topic>.held`` (key: the record key; value: the
+offset of the last record handed off, then the failed run after a space if there is
+one; a tombstone when the key is free), at the partition of the source record, with
+the App's other hand-offs (in the same transaction with ``transactional=True``); a
+partition's held keys are read back from it when the partition is assigned.
 
-Cost: memory for one entry per held key (the key's bytes and an offset); the held
-topic holds one record per key held (compaction drops the rest).
+Cost: memory for one entry per held key (the key's bytes, an offset and maybe a run);
+the held topic holds one record per key held (compaction drops the rest).
 """
 
 from __future__ import annotations
@@ -54,22 +58,36 @@ class HeldKeys:
         self.held_topics = dict(held_topics)
         """Ordered route topic -> its held-keys topic."""
         self.by_partition: dict[Partition, dict[bytes, int]] = {}
+        """The held keys and the offsets of their last records handed off."""
+        self.failed_runs: dict[Partition, dict[bytes, int]] = {}
+        """The held keys whose last run failed, and that run."""
 
     def last(self, topic: str, partition: int, key: bytes) -> int | None:
         """The offset of the last record of ``key`` handed off, while the key is held."""
         held = self.by_partition.get((topic, partition))
         return None if held is None else held.get(key)
 
-    def hold(self, topic: str, partition: int, key: bytes, offset: int) -> None:
-        """A record of ``key`` at ``offset`` was handed off (a retry, or behind one)."""
-        held = self.by_partition.setdefault((topic, partition), {})
-        last = held.get(key)
-        if last is not None and last >= offset:
-            return  # a later attempt of a record already held, or one read again
-        held[key] = offset
-        self.publisher.put(
-            self.held_topics[topic], key=key, value=str(offset).encode(), partition=partition
-        )
+    def dropping(self, topic: str, partition: int, key: bytes) -> int | None:
+        """The run of ``key``'s queue a record of which failed again: the rest of it is
+        dropped, held again by the service behind that record."""
+        runs = self.failed_runs.get((topic, partition))
+        return None if runs is None else runs.get(key)
+
+    def hold(
+        self, topic: str, partition: int, key: bytes, offset: int, run: int | None = None
+    ) -> None:
+        """A record of ``key`` at ``offset`` was handed off (a retry, or behind one);
+        ``run``: the run it was delivered in, when it failed again."""
+        where = (topic, partition)
+        held = self.by_partition.setdefault(where, {})
+        runs = self.failed_runs.setdefault(where, {})
+        last, failed = held.get(key), runs.get(key)
+        if (last is None or offset > last) or (run is not None and run != failed):
+            # Not a later attempt of a record already held, nor one read again.
+            held[key] = offset if last is None else max(last, offset)
+            if run is not None:
+                runs[key] = failed = run
+            self._write(where, key, held[key], failed)
 
     def done(self, topic: str, partition: int, key: bytes, offset: int) -> bool:
         """The App is done with the handed-off record of ``key`` at ``offset``: if it was
@@ -79,8 +97,15 @@ class HeldKeys:
         if held is None or last is None or last > offset:
             return False
         del held[key]
+        self.failed_runs.get((topic, partition), {}).pop(key, None)
         self.publisher.put(self.held_topics[topic], key=key, value=None, partition=partition)
         return True
+
+    def _write(self, where: Partition, key: bytes, last: int, run: int | None) -> None:
+        topic, partition = where
+        self.publisher.put(
+            self.held_topics[topic], key=key, value=held_value(last, run), partition=partition
+        )
 
     def count(self, topic: str) -> int:
         return sum(len(keys) for (t, _), keys in self.by_partition.items() if t == topic)
@@ -89,21 +114,42 @@ class HeldKeys:
         """Partitions leave this App: their next owner reads their held keys back."""
         for partition in partitions:
             self.by_partition.pop(partition, None)
+            self.failed_runs.pop(partition, None)
 
     def load(self, config: Mapping[str, Any], partitions: Iterable[Partition]) -> None:
         """Read back the held keys of newly assigned partitions of ordered routes."""
         for partition, values in read_back(config, self.held_topics, partitions).items():
             keys: dict[bytes, int] = {}
+            runs: dict[bytes, int] = {}
             for key, value in values.items():
                 try:
-                    keys[key] = int(value)
+                    last, run = parse_held(value)
                 except ValueError:
                     log.warning(
-                        "held-keys record not an offset; skipped",
+                        "held-keys record not an offset and a run; skipped",
                         topic=self.held_topics[partition[0]],
                         partition=partition[1],
                     )
+                    continue
+                keys[key] = last
+                if run is not None:
+                    runs[key] = run
             self.by_partition[partition] = keys
+            self.failed_runs[partition] = runs
+
+
+def held_value(last: int, run: int | None) -> bytes:
+    """A held key's record value: the offset of its last record handed off, then the
+    run that failed on it after a space, if any."""
+    return (str(last) if run is None else f"{last} {run}").encode()
+
+
+def parse_held(value: bytes) -> tuple[int, int | None]:
+    """:func:`held_value` read back (ValueError: not one)."""
+    last, space, run = value.partition(b" ")
+    if not last.isdigit() or (space and not run.isdigit()):
+        raise ValueError(f"not an offset and a run: {value!r}")
+    return int(last), (int(run) if space else None)
 
 
 def read_back(

@@ -3,7 +3,7 @@ retry goes behind it, and the key is free once its last record is dealt with.
 
 One interface, :class:`KeyOrder`, two ways behind it, by strategy: with ``Service``
 the waiting keys are held in the App and the records put behind them wait in the
-retry service's key queue, released one at a time
+retry service's key queue, delivered back in runs
 (:mod:`redrive.consumer.key_order_service`); with ``Topics`` and ``RetryTopic`` each
 key's line of copies is kept in the tier topics, each copy moved behind the one
 before it until its turn (:mod:`redrive.consumer.key_order_tiers`). A session makes
@@ -48,9 +48,12 @@ class KeyOrder(ABC):
         room yet (its partition waits)."""
 
     @abstractmethod
-    def handed_off(self, route: Route, request: RetryHeaders, key: bytes, to: str) -> None:
+    def handed_off(
+        self, route: Route, request: RetryHeaders, key: bytes, to: str, run: int | None = None
+    ) -> None:
         """A record of an ordered route was handed off (to topic ``to``) as the head
-        of its key's queue or line: its key waits for it."""
+        of its key's queue or line: its key waits for it. ``run``: the run of its key's
+        queue it was delivered in, if it was (the rest of that run is the service's)."""
 
     @abstractmethod
     def release(self, route: Route, delivery: RetryHeaders, key: bytes | None) -> None:
@@ -89,6 +92,20 @@ def count_waiting(metrics: ConsumerMetrics, route: Route, message: Message, wher
         partition=message.partition,
         offset=message.offset,
         waits_in=where,
+    )
+
+
+def count_dropped(metrics: ConsumerMetrics, route: Route, message: Message, run: int) -> None:
+    """A redelivered record of a run a record before which failed again: dropped, as the
+    retry service holds it again behind that record; counted, and logged at debug level
+    (a downstream outage drops most of each run)."""
+    metrics.records.labels(route.topic, "held_again").inc()
+    log.debug(
+        "record of a failed run dropped: it waits again behind its key's retry",
+        topic=message.topic,
+        partition=message.partition,
+        offset=message.offset,
+        run=run,
     )
 
 

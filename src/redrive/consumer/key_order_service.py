@@ -4,8 +4,12 @@ A failed record of an ordered route goes to the service as the head of its key's
 queue and the App holds its key (:mod:`redrive.consumer.held_keys`); a later record
 of a held key read from the source goes to the service behind it
 (``redrive-order: behind``) instead of reaching its handler. The service delivers a
-key's queue one record at a time, to the route's source or its per-group topic, and
-the App releases each once it is done with it (``redrive-order: release``).
+key's queue in runs, to the route's source or its per-group topic: the head with the
+records waiting behind it, together (``redrive-run``); the App releases each once it
+is done with it (``redrive-order: release``). When one of a run fails again, it goes
+back as the key's new head, and the App drops the rest of that run as it reads them:
+the service holds them again behind the new head (the held keys remember the failed
+run, :meth:`HeldKeys.dropping`, also across a restart).
 
 While a key's head waits for a short retry, the records read behind it are kept in the
 App instead (:mod:`redrive.consumer.kept_lines`) and handled as soon as the head is
@@ -23,7 +27,7 @@ from typing import Any
 from redrive.clock import now_ms
 from redrive.consumer.held_keys import HeldKeys
 from redrive.consumer.kept_lines import FULL_WAIT_MS, KeptLines
-from redrive.consumer.key_order import KeyOrder, count_kept, count_waiting
+from redrive.consumer.key_order import KeyOrder, count_dropped, count_kept, count_waiting
 from redrive.consumer.message import Message
 from redrive.consumer.metrics import ConsumerMetrics
 from redrive.consumer.offsets import Partition
@@ -57,10 +61,17 @@ class ServiceQueues(KeyOrder):
         """The routes (by topic) whose records behind a head may be kept in the App."""
 
     def goes_behind(self, route: Route, message: Message) -> bool | Wait:
-        # A redelivery is the service's: its turn came. Unkeyed records keep no order.
+        # A redelivery is the service's: its turn came, unless a record before it in its
+        # run failed again. Unkeyed records keep no order.
         key = message.key
-        if message.retry is not None or key is None:
+        if key is None:
             return False
+        if message.retry is not None:
+            run = message.run
+            if run is None or self.held.dropping(message.topic, message.partition, key) != run:
+                return False
+            count_dropped(self.metrics, route, message, run)
+            return True
         where = (message.topic, message.partition)
         if self.kept.keeping(where, key):
             if self.kept.keep(message):
@@ -101,13 +112,15 @@ class ServiceQueues(KeyOrder):
         for where, key in self.kept.overdue(self.keeping):
             self._send_line(self.keeping[where[0]], where, key)
 
-    def handed_off(self, route: Route, request: RetryHeaders, key: bytes, to: str) -> None:
+    def handed_off(
+        self, route: Route, request: RetryHeaders, key: bytes, to: str, run: int | None = None
+    ) -> None:
         topic, partition = request.original_topic, request.original_partition
         offset = request.original_offset
         if topic is None or partition is None or offset is None:
             return
         head = self.held.last(topic, partition, key) is None
-        self.held.hold(topic, partition, key, offset)
+        self.held.hold(topic, partition, key, offset, run)
         if route.topic in self.keeping and self.kept.handed_off(
             (topic, partition), key, head, request.retry_at
         ):

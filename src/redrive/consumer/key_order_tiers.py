@@ -141,7 +141,9 @@ class TierLines(KeyOrder):
             partition=message.partition,
         )
 
-    def handed_off(self, route: Route, request: RetryHeaders, key: bytes, to: str) -> None:
+    def handed_off(
+        self, route: Route, request: RetryHeaders, key: bytes, to: str, run: int | None = None
+    ) -> None:
         topic, partition = request.original_topic, request.original_partition
         offset = request.original_offset
         if topic != route.topic or partition is None or offset is None:

@@ -38,6 +38,9 @@ class Message:
     """``(replays, replayed from)`` of a record replayed from the retry service's dead
     letters: how many times it has been replayed, and the id of the dead letter it was
     replayed from (``redrive-replays``, ``redrive-replay-of``); None: not a replay."""
+    run: int | None = None
+    """The run of its key's queue the retry service delivered it in with the records of
+    its key waiting behind it (``redrive-run``, ``ordering="key"``); None otherwise."""
 
     @property
     def original_topic(self) -> str:

@@ -12,7 +12,9 @@ class ConsumerMetrics:
             "redrive_consumer_records",
             "Records dealt with, by outcome: handled, retried, dead_lettered, "
             "repeat_skipped (a redelivery handled already, or a stale copy), held_behind "
-            "(sent behind its key's retry, ordering='key'), moved_behind (a copy of a "
+            "(sent behind its key's retry, ordering='key'), held_again (a redelivery "
+            "dropped: a record before it in its run failed again, and the retry service "
+            "holds it again behind that record), moved_behind (a copy of a "
             "key's line moved behind the record before it: topics strategies).",
             ["topic", "outcome"],
             registry=self.registry,

@@ -199,7 +199,7 @@ class Outcomes:
                 partition=outcome.target.partition,
             )
             if order is not None and key is not None:
-                order.handed_off(route, request, key, outcome.target.topic)
+                order.handed_off(route, request, key, outcome.target.topic, message.run)
             self.remember_handed_off(failure.delivery, done=False)
         wait = route.strategy.wait(outcome.decision)
         self.metrics.records.labels(route.topic, "retried").inc()

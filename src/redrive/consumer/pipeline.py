@@ -44,7 +44,7 @@ from redrive.consumer.routes import Kind, Route
 from redrive.consumer.steps import DealtWith, Steps
 from redrive.consumer.strategies import Wait
 from redrive.consumer.strategies.pause import Breakers
-from redrive.headers import Header, RetryHeaders, is_redrive_header, read_replay
+from redrive.headers import Header, RetryHeaders, is_redrive_header, read_replay, read_run
 from redrive.kafka import message_time, read_headers
 from redrive.router import FailedRecord, read_delivery
 
@@ -197,11 +197,12 @@ class Pipeline:
         None when it is dealt with already (unreadable headers, a repeat, a value that
         does not deserialize: a dead letter), or a Wait (a tier record not due yet)."""
         headers, unreadable = read_headers(record)
-        delivery = replay = None
+        delivery = replay = run = None
         user_headers = headers
         if headers and any(is_redrive_header(name) for name, _ in headers):
             delivery = read_delivery(headers, self.group)
             replay = read_replay(headers)
+            run = read_run(headers) if delivery is not None else None
             user_headers = [(k, v) for k, v in headers if not is_redrive_header(k)]
         if unreadable is not None:
             attempt = delivery.attempt + 1 if delivery else 1
@@ -254,6 +255,7 @@ class Pipeline:
             failures + 1,
             delivery,
             replay=replay,
+            run=run,
         )
 
     def skipped(self, topic: str, partition: int, offset: int) -> None:

@@ -94,13 +94,13 @@ class Operations:
             head = f" (pending retry {row.queue_head_id})" if row else ""
             raise PendingHeld(
                 f"pending retry {pending_id} waits behind its key's head{head}: a key's "
-                "retries go one at a time, in order; make the head due or cancel it instead"
+                "retries go in order, from their head; make the head due or cancel it instead"
             )
         if made == "delivered":
             raise PendingHeld(
                 f"pending retry {pending_id} was delivered and waits for its consumer: the "
-                "next of its key goes when the consumer is done with it (or when it is "
-                "cancelled)"
+                "rows of its key behind it go when the consumer is done with its run (or "
+                "when it is cancelled)"
             )
         return made == "due"
 

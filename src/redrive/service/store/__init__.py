@@ -7,7 +7,7 @@ its one door. Callers get typed methods, never a connection:
   the identities of the requests accepted (:mod:`.identity_backfill` fills them in
   for rows stored before they were kept);
 - :mod:`.claims`: the scheduler's claims of due rows and what became of them;
-- :mod:`.key_queues`: the retries of one key delivered one at a time, in order;
+- :mod:`.key_queues`: the retries of one key delivered in order, in runs;
 - :mod:`.dead_letters`, :mod:`.pending`: what operators browse, delete and retry,
   found by the searches of :mod:`.searches`;
 - :mod:`.error_groups`: the dead letters grouped by failure, each group's state

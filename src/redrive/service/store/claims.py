@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import psycopg
 import structlog
 
 from redrive.clock import now_ms as clock_ms
-from redrive.headers import Header
+from redrive.headers import RUN, Header
 from redrive.reasons import DeadLetterReason
 from redrive.service.store import history, key_queues
 from redrive.service.store.error_groups import grouping_of, record_groups
@@ -28,9 +28,8 @@ from redrive.service.store.stats import COUNT_MINUTE, per_topic
 
 log = structlog.get_logger("redrive.store")
 
-_CLAIM_DUE = """
-SELECT id, due_ms, destination, dest_partition, msg_key, msg_value, headers, deadline_ms,
-       order_queue
+_CLAIM_DUE = f"""
+SELECT {key_queues.RUN_COLUMNS}
 FROM redrive_pending
 WHERE due_ms <= %(now)s AND NOT held
 ORDER BY due_ms, id
@@ -117,7 +116,7 @@ class ClaimedRetry:
     headers: list[Header]
     deadline_ms: int | None
     order_queue: bytes | None = None
-    """The key queue it heads (:mod:`.key_queues`), if it keeps its key's order."""
+    """The key queue it is of (:mod:`.key_queues`), if it keeps its key's order."""
 
 
 DeadRow = tuple[int, DeadLetterReason, str]
@@ -138,13 +137,40 @@ class Settlement:
     retry_at_ms: int = 0
 
 
+RUNS_PER_CLAIM: Final = 4
+"""A claim's records behind its heads, at most, as a multiple of its limit: a run cut
+short goes on in the next one."""
+
+
 def claim_due(conn: psycopg.Connection[Any], *, now_ms: int, limit: int) -> list[ClaimedRetry]:
-    """Lock up to `limit` due rows nobody holds, in due order, in the open transaction."""
-    rows = conn.execute(_CLAIM_DUE, {"now": now_ms, "limit": limit}, binary=True)
-    return [
-        ClaimedRetry(r[0], r[1], r[2], r[3], r[4], r[5], unpack_headers(r[6]), r[7], r[8])
-        for r in rows
-    ]
+    """Lock up to `limit` due rows nobody holds, in due order, in the open transaction;
+    each head of a key queue with the rest of its run right after it, marked with the
+    run (``redrive-run``)."""
+    rows = conn.execute(_CLAIM_DUE, {"now": now_ms, "limit": limit}, binary=True).fetchall()
+    heads = [(r[0], r[8]) for r in rows if r[8] is not None]
+    if not heads:
+        return [_claimed(r) for r in rows]
+    behind = key_queues.behind_heads(conn, heads, now_ms)
+    room = limit * RUNS_PER_CLAIM
+    claimed: list[ClaimedRetry] = []
+    for row in rows:
+        if row[8] is None:
+            claimed.append(_claimed(row))
+            continue
+        run: list[Header] = [(RUN, b"%d" % row[0])]
+        claimed.append(_claimed(row, run))
+        rest = behind.get(row[0], [])[:room]
+        room -= len(rest)
+        claimed += [_claimed(r, run) for r in rest]
+    return claimed
+
+
+def _claimed(row: key_queues.RunRow, run: list[Header] | None = None) -> ClaimedRetry:
+    headers = unpack_headers(row[6])
+    return ClaimedRetry(
+        row[0], row[1], row[2], row[3], row[4], row[5],
+        headers + run if run else headers, row[7], row[8],
+    )  # fmt: skip
 
 
 def next_due_ms(conn: psycopg.Connection[Any]) -> int | None:

@@ -247,6 +247,7 @@ def insert_batch(
             notify_due(conn, min(r.due_ms for r in pending))
         queues = [q for q in (r.order_queue for r in pending) if q is not None]
         key_queues.supersede(conn, queues)
+        key_queues.held_again(conn, _retried(pending))
         key_queues.release(conn, releases)
         key_queues.advance(conn, [*queues, *(r.queue for r in releases)])
         read_again: list[DeadLetterRecord] = []
@@ -257,6 +258,16 @@ def insert_batch(
         if counts:
             cur.executemany(COUNT_MINUTE, counts)
     return Stored(len(pending), repeats, read_again)
+
+
+def _retried(pending: Sequence[PendingRetry]) -> list[tuple[bytes, int]]:
+    """The records of key queues stored as their next attempt: (queue, original offset)."""
+    retried = [r for r in pending if r.order == "key"]
+    return [
+        (queue, r.original_offset)
+        for r in retried
+        if (queue := r.order_queue) is not None and r.original_offset is not None
+    ]
 
 
 def _insert_dead(

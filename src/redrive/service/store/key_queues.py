@@ -1,18 +1,27 @@
-"""Key queues: the retries of one key delivered one at a time, in the key's order.
+"""Key queues: the retries of one key delivered in the key's order, in runs.
 
 A route with ``ordering="key"`` sends the retry service the retries of its records
 (``redrive-order: key``) and the records that arrive behind them while they wait
-(``redrive-order: behind``), and releases a queue's head once its consumer is done
-with it (``redrive-order: release``). A queue is one group's, original topic's and
+(``redrive-order: behind``), and releases each record of a queue once its consumer is
+done with it (``redrive-order: release``). A queue is one group's, original topic's and
 partition's, and record key's (:func:`redrive.records.order_queue`).
 
-Invariant: of a queue's rows, only the head (the lowest original offset) may be
-delivered, and only while it is not delivered already: every other row is ``held``.
-A delivered head stays (``held``, with ``delivered_ms``) until its consumer releases
-it or retries it again (a new attempt of the same record supersedes it); a head that
-becomes a dead letter here (its deadline passed, an operator cancelled it) leaves its
-queue too. :func:`advance` restores the invariant for the queues a write touched, in
-the writer's transaction.
+A queue is delivered in runs: its head, once due, with the records waiting behind it
+(at most :data:`RUN_MOST`), claimed together by one scheduler and produced in the
+queue's order, each marked with the run (``redrive-run``: the head's row id). A record
+of a run that fails again comes back as a new attempt; its consumer drops the rest of
+that run (:mod:`redrive.consumer.key_order_service`), and here they wait again behind
+the new attempt (:func:`held_again`), delivered in its run.
+
+Invariant: the delivered rows of a queue are a prefix of it (no row waits before a
+delivered one, but for a retry stored just now, whose later delivered rows are held
+again in the same transaction). Only the first row not delivered may be claimed, and
+only when nothing of its queue is out; every other row is ``held``. A delivered row
+stays (``held``, with ``delivered_ms``) until its consumer releases it or retries it
+(a new attempt of the same record supersedes it); a row that becomes a dead letter
+here (its deadline passed, an operator cancelled it) leaves its queue too.
+:func:`advance` lets the next run go once the delivered prefix is gone, in the
+writer's transaction.
 """
 
 from __future__ import annotations
@@ -32,7 +41,16 @@ WHERE new.order_queue = ANY(%(queues)s) AND old.order_queue = new.order_queue
   AND old.original_offset = new.original_offset AND old.attempt < new.attempt
 """
 
-# The consumer is done with a head: it leaves its queue.
+# A new attempt of a record of a run: the records delivered after it in its queue, which
+# its consumer drops, wait again behind it.
+_HELD_AGAIN = """
+UPDATE redrive_pending p SET delivered_ms = NULL
+FROM unnest(%(queues)s::bytea[], %(offsets)s::bigint[]) AS r(queue, original_offset)
+WHERE p.order_queue = r.queue AND p.original_offset > r.original_offset
+  AND p.delivered_ms IS NOT NULL
+"""
+
+# The consumer is done with a record of a queue: it leaves it.
 _RELEASE = """
 DELETE FROM redrive_pending
 WHERE order_queue = %s AND original_offset = %s AND attempt <= %s
@@ -41,6 +59,34 @@ WHERE order_queue = %s AND original_offset = %s AND attempt <= %s
 QUEUE_ORDER: Final = "original_offset, attempt DESC, id"
 """A queue's order: the lowest original offset first (its newest attempt first); the
 id only breaks ties nothing else breaks. Its head is the first."""
+
+RUN_MOST: Final = 500
+"""Records of one queue delivered in one run at most (its head included); the rest go
+in the next run, once this one is released."""
+
+RunRow = tuple[Any, ...]
+"""A row of a run as :data:`RUN_COLUMNS` lists it."""
+
+RUN_COLUMNS: Final = (
+    "id, due_ms, destination, dest_partition, msg_key, msg_value, headers, deadline_ms, order_queue"
+)
+"""What a scheduler reads of a row it delivers."""
+
+# The records waiting behind heads just claimed, each queue's in its order, locked with
+# them: no other scheduler claims a held row, so each run is one claimer's.
+_BEHIND_HEADS = f"""
+SELECT h.id, {", ".join("r." + c.strip() for c in RUN_COLUMNS.split(","))}
+FROM unnest(%(heads)s::bigint[], %(queues)s::bytea[]) WITH ORDINALITY AS h(id, queue, n)
+CROSS JOIN LATERAL (
+    SELECT {RUN_COLUMNS}, original_offset, attempt
+    FROM redrive_pending
+    WHERE order_queue = h.queue AND held AND delivered_ms IS NULL
+    ORDER BY {QUEUE_ORDER}
+    LIMIT %(most)s
+    FOR UPDATE
+) r
+ORDER BY h.n, r.original_offset, r.attempt DESC, r.id
+"""
 
 # Each queue's head may go, unless it is out already.
 _ADVANCE = f"""
@@ -56,9 +102,21 @@ WHERE p.id = heads.id AND heads.delivered_ms IS NULL AND p.held
 RETURNING p.due_ms
 """
 
-# Delivered heads wait for their consumer's release, held.
+# Delivered rows wait for their consumer's release, held; but not a row behind one of its
+# queue that waits (a new attempt stored while the run was out, its consumer dropping
+# the rest of the run): it waits too, delivered in that attempt's run.
 _DELIVERED = """
-UPDATE redrive_pending SET held = true, delivered_ms = %s WHERE id = ANY(%s)
+WITH waiting AS (
+    SELECT q.queue, (
+        SELECT min(e.original_offset) FROM redrive_pending e
+        WHERE e.order_queue = q.queue AND e.delivered_ms IS NULL AND NOT e.id = ANY(%(ids)s)
+    ) AS first
+    FROM (SELECT DISTINCT order_queue AS queue FROM redrive_pending WHERE id = ANY(%(ids)s)) q
+)
+UPDATE redrive_pending p SET held = true, delivered_ms = %(now)s
+FROM waiting w
+WHERE p.id = ANY(%(ids)s) AND p.order_queue = w.queue
+  AND (w.first IS NULL OR p.original_offset < w.first)
 """
 
 
@@ -66,6 +124,40 @@ def supersede(conn: psycopg.Connection[Any], queues: Sequence[bytes]) -> None:
     """Drop the earlier attempts of records a new attempt of which was just stored."""
     if queues:
         conn.execute(_SUPERSEDE, {"queues": list(queues)})
+
+
+def held_again(conn: psycopg.Connection[Any], retried: Sequence[tuple[bytes, int]]) -> None:
+    """New attempts of records of queues (queue, original offset) were stored: what was
+    delivered after each in its queue waits again behind it (its consumer dropped it)."""
+    if retried:
+        queues, offsets = zip(*retried, strict=True)
+        conn.execute(_HELD_AGAIN, {"queues": list(queues), "offsets": list(offsets)})
+
+
+def behind_heads(
+    conn: psycopg.Connection[Any], heads: Sequence[tuple[int, bytes]], now_ms: int
+) -> dict[int, list[RunRow]]:
+    """The rest of each claimed head's run (head row id, queue): the rows waiting behind
+    it, in its queue's order, locked, up to the first one not due (a record behind may
+    not overtake it)."""
+    if not heads:
+        return {}
+    ids, queues = zip(*heads, strict=True)
+    rows = conn.execute(
+        _BEHIND_HEADS,
+        {"heads": list(ids), "queues": list(queues), "most": RUN_MOST - 1},
+        binary=True,
+    )
+    runs: dict[int, list[RunRow]] = {}
+    cut: set[int] = set()
+    for head, *row in rows:
+        if head in cut:
+            continue
+        if row[1] > now_ms:
+            cut.add(head)
+            continue
+        runs.setdefault(head, []).append(tuple(row))
+    return runs
 
 
 def release(conn: psycopg.Connection[Any], releases: Sequence[Release]) -> None:
@@ -89,6 +181,7 @@ def advance(conn: psycopg.Connection[Any], queues: Iterable[bytes]) -> int:
 
 
 def delivered(conn: psycopg.Connection[Any], ids: Sequence[int], now_ms: int) -> None:
-    """Delivered heads: kept, held, until released."""
+    """Delivered rows of key queues: kept, held, until released; those behind a row of
+    their queue that waits, waiting again."""
     if ids:
-        conn.execute(_DELIVERED, (now_ms, list(ids)))
+        conn.execute(_DELIVERED, {"ids": list(ids), "now": now_ms})

@@ -273,7 +273,7 @@ def get_pending_queue(
     who: Reader, ops: Ops, pending_id: PendingId, limit: Limit = 50, cursor: Cursor = None
 ) -> dict[str, Any]:
     """The key queue a pending retry is in (``ordering="key"``), head first: the order
-    the service delivers it in, one at a time."""
+    the service delivers it in: the head with the rows behind it, in runs."""
     found = ops.pending_queue(pending_id, limit=limit, cursor=cursor)
     if found is None:
         raise HTTPException(404, f"no pending retry {pending_id} (delivered or cancelled?)")
