@@ -194,3 +194,17 @@ def _eventually_due(store: Store) -> list[ClaimedRetry]:
             return rows
         time.sleep(0.05)
     raise AssertionError("nothing became due within 30 s")
+
+
+def test_heads_past_a_claims_room_wait_for_the_next_claim_rather_than_go_alone(
+    store: Store,
+) -> None:
+    # A claim of 3 has room for 12 rows behind its heads: a's and b's runs fill it, so
+    # c's head waits for the next claim (delivered alone, it would leave its run behind).
+    a, b, c = Requests(b"a"), Requests(b"b"), Requests(b"c")
+    store_all(store, [a.retry(0, due_in_ms=-3_000), *(a.behind(o) for o in range(1, 7))])
+    store_all(store, [b.retry(10, due_in_ms=-2_000), *(b.behind(o) for o in range(11, 17))])
+    store_all(store, [c.retry(20), c.behind(21)])
+    first = deliver(store, limit=3)
+    assert values(first) == [str(o).encode() for o in [*range(7), *range(10, 17)]]
+    assert values(deliver(store, limit=3)) == [b"20", b"21"]

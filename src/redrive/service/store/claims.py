@@ -92,7 +92,7 @@ _DELIVERED_FIRST_COPY = _delete_delivered("")
 _DELIVERED_KEEPING_COPIES = _delete_delivered("ON CONFLICT (id) DO NOTHING")
 
 
-# Count delivered heads of key queues as published (they stay, held, until released).
+# Count delivered rows of key queues as published (they stay, held, until released).
 _COUNT_KEPT = """
 INSERT INTO redrive_stats_minute (minute, kind, topic, count)
 SELECT date_trunc('minute', now()), 'published', destination, count(*)
@@ -125,7 +125,7 @@ DeadRow = tuple[int, DeadLetterReason, str]
 
 @dataclass(frozen=True, slots=True)
 class Settlement:
-    """What became of claimed rows: `delivered` ones are forgotten (`kept` ones, heads
+    """What became of claimed rows: `delivered` ones are forgotten (`kept` ones, rows
     of key queues, stay until their consumer releases them), `dead` ones (id, reason
     code, reason) move to the dead letters, and `retry` ones (a delivery failed for a
     passing reason) are due again at `retry_at_ms`."""
@@ -145,23 +145,22 @@ short goes on in the next one."""
 def claim_due(conn: psycopg.Connection[Any], *, now_ms: int, limit: int) -> list[ClaimedRetry]:
     """Lock up to `limit` due rows nobody holds, in due order, in the open transaction;
     each head of a key queue with the rest of its run right after it, marked with the
-    run (``redrive-run``)."""
+    run (``redrive-run``), up to `limit` times :data:`RUNS_PER_CLAIM` rows behind heads
+    in all. Heads past that are left for the next claim (locked until this one ends)."""
     rows = conn.execute(_CLAIM_DUE, {"now": now_ms, "limit": limit}, binary=True).fetchall()
     heads = [(r[0], r[8]) for r in rows if r[8] is not None]
     if not heads:
         return [_claimed(r) for r in rows]
-    behind = key_queues.behind_heads(conn, heads, now_ms)
-    room = limit * RUNS_PER_CLAIM
+    behind, reached = key_queues.behind_heads(conn, heads, now_ms, limit * RUNS_PER_CLAIM)
+    left = {head for head, _ in heads[reached:]}
     claimed: list[ClaimedRetry] = []
     for row in rows:
         if row[8] is None:
             claimed.append(_claimed(row))
-            continue
-        run: list[Header] = [(RUN, b"%d" % row[0])]
-        claimed.append(_claimed(row, run))
-        rest = behind.get(row[0], [])[:room]
-        room -= len(rest)
-        claimed += [_claimed(r, run) for r in rest]
+        elif row[0] not in left:
+            run: list[Header] = [(RUN, b"%d" % row[0])]
+            claimed.append(_claimed(row, run))
+            claimed += [_claimed(r, run) for r in behind.get(row[0], [])]
     return claimed
 
 
@@ -219,13 +218,15 @@ def settle(
                 rows=len(settlement.delivered),
             )
             conn.execute(_DELIVERED_KEEPING_COPIES, delivered)
+    if settlement.dead:
+        # First: a row of a run that became a dead letter leaves its queue before the
+        # rest of the run counts as delivered (a dead letter is no gap in the run).
+        to_dead_letters(conn, settlement.dead)
     if settlement.kept:
-        if keep_history:  # heads of key queues stay pending: copied, not moved
+        if keep_history:  # rows of key queues stay pending: copied, not moved
             history.record(conn, settlement.kept)
         key_queues.delivered(conn, settlement.kept, clock_ms())
         conn.execute(_COUNT_KEPT, (list(settlement.kept),))
-    if settlement.dead:
-        to_dead_letters(conn, settlement.dead)
     if settlement.retry:
         conn.execute(_RELEASE, (settlement.retry_at_ms, list(settlement.retry)))
 

@@ -246,8 +246,7 @@ def insert_batch(
             _copy(cur, _COPY_PENDING, _PENDING_TYPES, [_pending_params(r) for r in pending])
             notify_due(conn, min(r.due_ms for r in pending))
         queues = [q for q in (r.order_queue for r in pending) if q is not None]
-        key_queues.supersede(conn, queues)
-        key_queues.held_again(conn, _retried(pending))
+        key_queues.supersede(conn, _retried(pending))
         key_queues.release(conn, releases)
         key_queues.advance(conn, [*queues, *(r.queue for r in releases)])
         read_again: list[DeadLetterRecord] = []
@@ -260,11 +259,11 @@ def insert_batch(
     return Stored(len(pending), repeats, read_again)
 
 
-def _retried(pending: Sequence[PendingRetry]) -> list[tuple[bytes, int]]:
-    """The records of key queues stored as their next attempt: (queue, original offset)."""
+def _retried(pending: Sequence[PendingRetry]) -> list[key_queues.Retried]:
+    """The records of key queues stored as their next attempt."""
     retried = [r for r in pending if r.order == "key"]
     return [
-        (queue, r.original_offset)
+        (queue, r.original_offset, r.attempt)
         for r in retried
         if (queue := r.order_queue) is not None and r.original_offset is not None
     ]

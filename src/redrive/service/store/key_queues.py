@@ -11,7 +11,7 @@ A queue is delivered in runs: its head, once due, with the records waiting behin
 queue's order, each marked with the run (``redrive-run``: the head's row id). A record
 of a run that fails again comes back as a new attempt; its consumer drops the rest of
 that run (:mod:`redrive.consumer.key_order_service`), and here they wait again behind
-the new attempt (:func:`held_again`), delivered in its run.
+the new attempt (:func:`supersede`), delivered in its run.
 
 Invariant: the delivered rows of a queue are a prefix of it (no row waits before a
 delivered one, but for a retry stored just now, whose later delivered rows are held
@@ -36,9 +36,11 @@ from redrive.service.store.wakeups import notify_due
 
 # A retry of a record replaces its earlier attempts (delivered, awaiting its outcome).
 _SUPERSEDE = """
-DELETE FROM redrive_pending old USING redrive_pending new
-WHERE new.order_queue = ANY(%(queues)s) AND old.order_queue = new.order_queue
-  AND old.original_offset = new.original_offset AND old.attempt < new.attempt
+DELETE FROM redrive_pending old
+USING unnest(%(queues)s::bytea[], %(offsets)s::bigint[], %(attempts)s::int[])
+    AS new(queue, original_offset, attempt)
+WHERE old.order_queue = new.queue AND old.original_offset = new.original_offset
+  AND old.attempt < new.attempt
 """
 
 # A new attempt of a record of a run: the records delivered after it in its queue, which
@@ -86,15 +88,20 @@ CROSS JOIN LATERAL (
     FOR UPDATE
 ) r
 ORDER BY h.n, r.original_offset, r.attempt DESC, r.id
+LIMIT %(room)s
 """
 
-# Each queue's head may go, unless it is out already.
+# Each queue's head may go, unless it is out already (one index probe per queue).
 _ADVANCE = f"""
 WITH heads AS (
-    SELECT DISTINCT ON (order_queue) id, delivered_ms
-    FROM redrive_pending
-    WHERE order_queue = ANY(%(queues)s)
-    ORDER BY order_queue, {QUEUE_ORDER}
+    SELECT h.id, h.delivered_ms
+    FROM unnest(%(queues)s::bytea[]) AS q(queue)
+    CROSS JOIN LATERAL (
+        SELECT id, delivered_ms FROM redrive_pending
+        WHERE order_queue = q.queue
+        ORDER BY {QUEUE_ORDER}
+        LIMIT 1
+    ) h
 )
 UPDATE redrive_pending p SET held = false
 FROM heads
@@ -102,52 +109,58 @@ WHERE p.id = heads.id AND heads.delivered_ms IS NULL AND p.held
 RETURNING p.due_ms
 """
 
-# Delivered rows wait for their consumer's release, held; but not a row behind one of its
-# queue that waits (a new attempt stored while the run was out, its consumer dropping
-# the rest of the run): it waits too, delivered in that attempt's run.
+# Delivered rows wait for their consumer's release, held.
 _DELIVERED = """
-WITH waiting AS (
-    SELECT q.queue, (
-        SELECT min(e.original_offset) FROM redrive_pending e
-        WHERE e.order_queue = q.queue AND e.delivered_ms IS NULL AND NOT e.id = ANY(%(ids)s)
-    ) AS first
-    FROM (SELECT DISTINCT order_queue AS queue FROM redrive_pending WHERE id = ANY(%(ids)s)) q
-)
-UPDATE redrive_pending p SET held = true, delivered_ms = %(now)s
-FROM waiting w
-WHERE p.id = ANY(%(ids)s) AND p.order_queue = w.queue
-  AND (w.first IS NULL OR p.original_offset < w.first)
+UPDATE redrive_pending SET held = true, delivered_ms = %s WHERE id = ANY(%s)
+RETURNING order_queue
+"""
+
+# But not a row behind one of its queue that waits (its run acknowledged out of order,
+# or a new attempt stored while the run was out, its consumer dropping the rest of the
+# run): it waits too, delivered in that one's run. Each queue's scan stops at its first
+# row waiting, right after its delivered prefix.
+_PREFIX_ONLY = """
+UPDATE redrive_pending p SET delivered_ms = NULL
+FROM unnest(%s::bytea[]) AS q(queue)
+CROSS JOIN LATERAL (
+    SELECT e.original_offset AS first FROM redrive_pending e
+    WHERE e.order_queue = q.queue AND e.delivered_ms IS NULL
+    ORDER BY e.original_offset LIMIT 1
+) w
+WHERE p.order_queue = q.queue AND p.original_offset > w.first AND p.delivered_ms IS NOT NULL
 """
 
 
-def supersede(conn: psycopg.Connection[Any], queues: Sequence[bytes]) -> None:
-    """Drop the earlier attempts of records a new attempt of which was just stored."""
-    if queues:
-        conn.execute(_SUPERSEDE, {"queues": list(queues)})
+Retried = tuple[bytes, int, int]
+"""A record of a key queue stored as its next attempt: (queue, original offset, attempt)."""
 
 
-def held_again(conn: psycopg.Connection[Any], retried: Sequence[tuple[bytes, int]]) -> None:
-    """New attempts of records of queues (queue, original offset) were stored: what was
-    delivered after each in its queue waits again behind it (its consumer dropped it)."""
+def supersede(conn: psycopg.Connection[Any], retried: Sequence[Retried]) -> None:
+    """New attempts of records of queues were stored: their earlier attempts leave, and
+    what was delivered after each in its queue waits again behind it (its consumer
+    dropped it)."""
     if retried:
-        queues, offsets = zip(*retried, strict=True)
-        conn.execute(_HELD_AGAIN, {"queues": list(queues), "offsets": list(offsets)})
+        queues, offsets, attempts = (list(column) for column in zip(*retried, strict=True))
+        conn.execute(_SUPERSEDE, {"queues": queues, "offsets": offsets, "attempts": attempts})
+        conn.execute(_HELD_AGAIN, {"queues": queues, "offsets": offsets})
 
 
 def behind_heads(
-    conn: psycopg.Connection[Any], heads: Sequence[tuple[int, bytes]], now_ms: int
-) -> dict[int, list[RunRow]]:
-    """The rest of each claimed head's run (head row id, queue): the rows waiting behind
-    it, in its queue's order, locked, up to the first one not due (a record behind may
-    not overtake it)."""
+    conn: psycopg.Connection[Any], heads: Sequence[tuple[int, bytes]], now_ms: int, room: int
+) -> tuple[dict[int, list[RunRow]], int]:
+    """The rest of each claimed head's run (head row id, queue), in the heads' order: the
+    rows waiting behind it, in its queue's order, locked, up to the first one not due (a
+    record behind may not overtake it); at most ``room`` rows in all. With how many of
+    the heads it went through: the runs of those after are not known (no room left),
+    so those heads wait for the next claim rather than go alone."""
     if not heads:
-        return {}
+        return {}, 0
     ids, queues = zip(*heads, strict=True)
     rows = conn.execute(
         _BEHIND_HEADS,
-        {"heads": list(ids), "queues": list(queues), "most": RUN_MOST - 1},
+        {"heads": list(ids), "queues": list(queues), "most": RUN_MOST - 1, "room": room},
         binary=True,
-    )
+    ).fetchall()
     runs: dict[int, list[RunRow]] = {}
     cut: set[int] = set()
     for head, *row in rows:
@@ -157,7 +170,10 @@ def behind_heads(
             cut.add(head)
             continue
         runs.setdefault(head, []).append(tuple(row))
-    return runs
+    if len(rows) < room:
+        return runs, len(heads)
+    last = rows[-1][0]  # its run may be cut short: a prefix of it, the rest next time
+    return runs, ids.index(last) + 1
 
 
 def release(conn: psycopg.Connection[Any], releases: Sequence[Release]) -> None:
@@ -184,4 +200,5 @@ def delivered(conn: psycopg.Connection[Any], ids: Sequence[int], now_ms: int) ->
     """Delivered rows of key queues: kept, held, until released; those behind a row of
     their queue that waits, waiting again."""
     if ids:
-        conn.execute(_DELIVERED, {"ids": list(ids), "now": now_ms})
+        queues = {queue for (queue,) in conn.execute(_DELIVERED, (now_ms, list(ids)))}
+        conn.execute(_PREFIX_ONLY, (sorted(queues),))
