@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from redrive.consumer.held_keys import HeldKeys, parse_held
+from redrive.consumer.held_keys import FailedRun, HeldKeys, parse_held
 from redrive.consumer.publisher import Publisher
 
 pytestmark = pytest.mark.unit
@@ -65,24 +65,25 @@ def test_the_run_that_failed_on_a_key_is_remembered_until_the_key_is_free() -> N
     assert held.dropping("items", 2, b"k") is None
     held.hold("items", 2, b"k", 41)  # a record behind it
     held.hold("items", 2, b"k", 40, run=7)  # 40 failing again in run 7
-    assert held.dropping("items", 2, b"k") == 7
+    assert held.dropping("items", 2, b"k") == FailedRun(7, 40)
     assert held.last("items", 2, b"k") == 41
-    assert written.last[("g.items.held", 2, b"k")] == b"41 7"
+    assert written.last[("g.items.held", 2, b"k")] == b"41 7 40"
     held.hold("items", 2, b"k", 42)  # read behind: the failed run stays
-    assert written.last[("g.items.held", 2, b"k")] == b"42 7"
+    assert written.last[("g.items.held", 2, b"k")] == b"42 7 40"
     del written.last[("g.items.held", 2, b"k")]
     held.hold("items", 2, b"k", 40, run=7)  # the same hand-off read again: no write
     assert ("g.items.held", 2, b"k") not in written.last
-    held.hold("items", 2, b"k", 40, run=9)  # its next run failing too
-    assert written.last[("g.items.held", 2, b"k")] == b"42 9"
+    held.hold("items", 2, b"k", 41, run=9)  # the next run failing at 41
+    assert written.last[("g.items.held", 2, b"k")] == b"42 9 41"
     assert held.dropping("items", 3, b"k") is None  # another partition's key
     assert held.done("items", 2, b"k", 42)
     assert held.dropping("items", 2, b"k") is None
     assert written.last[("g.items.held", 2, b"k")] is None
+    assert parse_held(b"41") == (41, None)  # as written before runs
 
 
-@pytest.mark.parametrize("value", [b"", b"x", b"4 ", b"4 x", b"4 5 6", b" 4"])
-def test_a_held_value_that_is_not_an_offset_and_a_run_is_refused(value: bytes) -> None:
+@pytest.mark.parametrize("value", [b"", b"x", b"4 ", b"4 5", b"4 5 x", b"4 5 6 7", b" 4", b"4  5"])
+def test_a_held_value_that_is_not_an_offset_and_a_failed_run_is_refused(value: bytes) -> None:
     with pytest.raises(ValueError):
         parse_held(value)
 
@@ -102,14 +103,14 @@ def test_held_matches_a_plain_model_and_what_a_restart_reads_back(
     done; what was written last per key says the same."""
     held, written = held_keys()
     handed: dict[bytes, list[int]] = {b"a": [], b"b": []}
-    failed: dict[bytes, int] = {}
+    failed: dict[bytes, FailedRun] = {}
     for offset, (step, key) in enumerate(steps):
         if step == "hold":
             held.hold("items", 0, key, offset)
             handed[key].append(offset)
         elif step == "fail" and handed[key]:  # the next of the key failing again, in a run
             held.hold("items", 0, key, handed[key][0], run=offset)
-            failed[key] = offset
+            failed[key] = FailedRun(offset, handed[key][0])
         elif step == "done" and handed[key]:
             held.done("items", 0, key, handed[key].pop(0))
             if not handed[key]:

@@ -8,19 +8,21 @@ the head with the records waiting behind it, together: a run (``redrive-run``,
 :mod:`redrive.service.store.key_queues`); the App releases each once it is done with
 it (handled, or a dead letter). When a record of a run fails again, the App drops the
 rest of that run: the service holds them again behind the record's new attempt. So a
-held key also names the last run that failed on it, if any (:meth:`HeldKeys.dropping`).
+held key also names the last run that failed on it, if any, and the record that failed
+(:meth:`HeldKeys.dropping`): the records of that run after it are dropped.
 
 Invariant: a key is held on a partition from the hand-off of one of its records until
 the App is done with the last record of the key it handed off; while held, no record
 of the key read from the partition reaches the handler, nor does a record of the run
-that failed. What is held survives a restart and a rebalance: every change is written
-to the compacted topic ``<group>.<topic>.held`` (key: the record key; value: the
-offset of the last record handed off, then the failed run after a space if there is
-one; a tombstone when the key is free), at the partition of the source record, with
-the App's other hand-offs (in the same transaction with ``transactional=True``); a
-partition's held keys are read back from it when the partition is assigned.
+that failed after the record that failed. What is held survives a restart and a
+rebalance: every change is written to the compacted topic ``<group>.<topic>.held``
+(key: the record key; value: the offset of the last record handed off, then the failed
+run and the offset of the record that failed, space-separated, if there is one; a
+tombstone when the key is free), at the partition of the source record, with the App's
+other hand-offs (in the same transaction with ``transactional=True``); a partition's
+held keys are read back from it when the partition is assigned.
 
-Cost: memory for one entry per held key (the key's bytes, an offset and maybe a run);
+Cost: memory for one entry per held key (the key's bytes, an offset, maybe a failed run);
 the held topic holds one record per key held (compaction drops the rest).
 """
 
@@ -28,7 +30,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import structlog
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
@@ -42,6 +44,16 @@ if TYPE_CHECKING:
 log = structlog.get_logger("redrive.consumer")
 
 LOAD_TIMEOUT_S = 60.0
+
+
+class FailedRun(NamedTuple):
+    """A run of a key's queue a record of which failed again: the records of the run
+    after that record are the service's again (earlier ones were handled before it, and
+    are handled again if read again: their releases may not have been written)."""
+
+    run: int
+    offset: int
+    """The original offset of the record that failed."""
 
 
 class HeldKeys:
@@ -59,17 +71,17 @@ class HeldKeys:
         """Ordered route topic -> its held-keys topic."""
         self.by_partition: dict[Partition, dict[bytes, int]] = {}
         """The held keys and the offsets of their last records handed off."""
-        self.failed_runs: dict[Partition, dict[bytes, int]] = {}
-        """The held keys whose last run failed, and that run."""
+        self.failed_runs: dict[Partition, dict[bytes, FailedRun]] = {}
+        """The held keys whose last run failed, and where."""
 
     def last(self, topic: str, partition: int, key: bytes) -> int | None:
         """The offset of the last record of ``key`` handed off, while the key is held."""
         held = self.by_partition.get((topic, partition))
         return None if held is None else held.get(key)
 
-    def dropping(self, topic: str, partition: int, key: bytes) -> int | None:
-        """The run of ``key``'s queue a record of which failed again: the rest of it is
-        dropped, held again by the service behind that record."""
+    def dropping(self, topic: str, partition: int, key: bytes) -> FailedRun | None:
+        """The run of ``key``'s queue a record of which failed again, and where: the rest
+        of it is dropped, held again by the service behind that record."""
         runs = self.failed_runs.get((topic, partition))
         return None if runs is None else runs.get(key)
 
@@ -82,11 +94,12 @@ class HeldKeys:
         held = self.by_partition.setdefault(where, {})
         runs = self.failed_runs.setdefault(where, {})
         last, failed = held.get(key), runs.get(key)
-        if (last is None or offset > last) or (run is not None and run != failed):
+        now = None if run is None else FailedRun(run, offset)
+        if (last is None or offset > last) or (now is not None and now != failed):
             # Not a later attempt of a record already held, nor one read again.
             held[key] = offset if last is None else max(last, offset)
-            if run is not None:
-                runs[key] = failed = run
+            if now is not None:
+                runs[key] = failed = now
             self._write(where, key, held[key], failed)
 
     def done(self, topic: str, partition: int, key: bytes, offset: int) -> bool:
@@ -101,10 +114,10 @@ class HeldKeys:
         self.publisher.put(self.held_topics[topic], key=key, value=None, partition=partition)
         return True
 
-    def _write(self, where: Partition, key: bytes, last: int, run: int | None) -> None:
+    def _write(self, where: Partition, key: bytes, last: int, failed: FailedRun | None) -> None:
         topic, partition = where
         self.publisher.put(
-            self.held_topics[topic], key=key, value=held_value(last, run), partition=partition
+            self.held_topics[topic], key=key, value=held_value(last, failed), partition=partition
         )
 
     def count(self, topic: str) -> int:
@@ -120,36 +133,39 @@ class HeldKeys:
         """Read back the held keys of newly assigned partitions of ordered routes."""
         for partition, values in read_back(config, self.held_topics, partitions).items():
             keys: dict[bytes, int] = {}
-            runs: dict[bytes, int] = {}
+            runs: dict[bytes, FailedRun] = {}
             for key, value in values.items():
                 try:
-                    last, run = parse_held(value)
+                    last, failed = parse_held(value)
                 except ValueError:
                     log.warning(
-                        "held-keys record not an offset and a run; skipped",
+                        "held-keys record not an offset (and a failed run); skipped",
                         topic=self.held_topics[partition[0]],
                         partition=partition[1],
                     )
                     continue
                 keys[key] = last
-                if run is not None:
-                    runs[key] = run
+                if failed is not None:
+                    runs[key] = failed
             self.by_partition[partition] = keys
             self.failed_runs[partition] = runs
 
 
-def held_value(last: int, run: int | None) -> bytes:
+def held_value(last: int, failed: FailedRun | None) -> bytes:
     """A held key's record value: the offset of its last record handed off, then the
-    run that failed on it after a space, if any."""
-    return (str(last) if run is None else f"{last} {run}").encode()
+    failed run and the offset of the record that failed, space-separated, if any."""
+    if failed is None:
+        return str(last).encode()
+    return f"{last} {failed.run} {failed.offset}".encode()
 
 
-def parse_held(value: bytes) -> tuple[int, int | None]:
+def parse_held(value: bytes) -> tuple[int, FailedRun | None]:
     """:func:`held_value` read back (ValueError: not one)."""
-    last, space, run = value.partition(b" ")
-    if not last.isdigit() or (space and not run.isdigit()):
-        raise ValueError(f"not an offset and a run: {value!r}")
-    return int(last), (int(run) if space else None)
+    parts = value.split(b" ")
+    if len(parts) not in (1, 3) or not all(part.isdigit() for part in parts):
+        raise ValueError(f"not an offset, or an offset, a run and an offset: {value!r}")
+    numbers = [int(part) for part in parts]
+    return numbers[0], (FailedRun(numbers[1], numbers[2]) if len(numbers) == 3 else None)
 
 
 def read_back(

@@ -68,8 +68,11 @@ class ServiceQueues(KeyOrder):
             return False
         if message.retry is not None:
             run = message.run
-            if run is None or self.held.dropping(message.topic, message.partition, key) != run:
+            failed = self.held.dropping(message.topic, message.partition, key)
+            if run is None or failed is None or failed.run != run:
                 return False
+            if message.original_offset <= failed.offset:
+                return False  # handled before the failure; its release may be lost
             count_dropped(self.metrics, route, message, run)
             return True
         where = (message.topic, message.partition)
