@@ -18,6 +18,7 @@ from confluent_kafka.admin import AdminClient
 
 from redrive import App, Message, RetryTopic, Service, Topics
 from redrive.errors import ConfigError
+from redrive.topic_names import per_group_retry_topic
 from tests.integration.consumer_harness import (
     Calls,
     docs_example,
@@ -107,14 +108,16 @@ def test_later_records_of_a_key_wait_behind_its_retry(
             assert outcome_count(again, topic, "held_behind") == 0
 
 
+@pytest.mark.parametrize("per_group_topic", [False, True], ids=["source", "per-group topic"])
 def test_a_record_failing_in_its_run_sends_the_rest_of_the_run_back_behind_it(
-    bootstrap: str, database_url: str, new_topic: Callable[..., str]
+    per_group_topic: bool, bootstrap: str, database_url: str, new_topic: Callable[..., str]
 ) -> None:
     # An async handler sends the records behind a held key to the service, which
     # delivers them back together with their head (one run). a2 fails on its first
     # call, in that run: a3 and a4, delivered with it, wait again behind a2's retry
     # and are handled after it, once each (an App handling them from the failed run
-    # would call a3 before a2's retry).
+    # would call a3 before a2's retry). The same when the runs come back on the group's
+    # own topic: the App holds the key by its source partition.
     topic = new_topic("key-order-run")
     calls = Calls()
     succeeded: set[tuple[bytes, int]] = set()
@@ -128,9 +131,11 @@ def test_a_record_failing_in_its_run_sends_the_rest_of_the_run_back_behind_it(
         succeeded.add((message.raw_value, message.attempt))
 
     values = [b"a1", b"a2", b"a3", b"a4"]
-    with retry_service(bootstrap, database_url, allowed_destinations=[topic]) as service:
+    back_on = per_group_retry_topic(f"g-{topic}", topic) if per_group_topic else topic
+    with retry_service(bootstrap, database_url, allowed_destinations=[back_on]) as service:
         requests = service.settings.requests_topic
-        with running_app(_app(bootstrap, topic, requests, handler, "service", "2s x3")):
+        app = _app(bootstrap, topic, requests, handler, "service", "2s x3", per_group_topic)
+        with running_app(app):
             produce(bootstrap, topic, _records(b"a", values))
             assert wait_for(lambda: len(_handled(calls, b"a", succeeded)) == 4, 60)
             assert [(c.value, c.attempt) for c in calls.items] == [
@@ -196,6 +201,7 @@ def _app(
     handler: Callable[..., Any],
     strategy: str,
     policy: str = "1s x3",
+    per_group_topic: bool = False,
 ) -> App:
     """Dead letters go to the service with every strategy (the test reads them there);
     the tier topics keep key lines only with transactions."""
@@ -207,7 +213,11 @@ def _app(
         transactional=lines_in_tiers,
         commit_interval_s=0.2,
     )
-    ordered = Service(ordering="key") if strategy == "service" else Topics(ordering="key")
+    ordered = (
+        Service(ordering="key", per_group_topic=per_group_topic)
+        if strategy == "service"
+        else Topics(ordering="key")
+    )
     app.add_handler(topic, handler, strategy=ordered, policy=policy, dead_letters="service")
     return app
 

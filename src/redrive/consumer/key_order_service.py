@@ -66,10 +66,16 @@ class ServiceQueues(KeyOrder):
         key = message.key
         if key is None:
             return False
-        if message.retry is not None:
+        delivery = message.retry
+        if delivery is not None:
             run = message.run
-            failed = self.held.dropping(message.topic, message.partition, key)
-            if run is None or failed is None or failed.run != run:
+            if run is None:
+                return False
+            # Held by its source partition, also when it came back on a per-group topic.
+            partition = delivery.original_partition
+            where = message.original_topic, message.partition if partition is None else partition
+            failed = self.held.dropping(*where, key)
+            if failed is None or failed.run != run:
                 return False
             if message.original_offset <= failed.offset:
                 return False  # handled before the failure; its release may be lost
