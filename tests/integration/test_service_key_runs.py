@@ -158,7 +158,7 @@ def test_a_run_stops_before_a_record_not_due_and_at_its_cap(store: Store) -> Non
     assert values(deliver(store)) == [b"1", b"2"]  # 4 may not overtake 3
 
     b = Requests(b"b")  # (its offsets after a's: one partition's)
-    head, end = 100, 100 + RUN_MOST + 50
+    head, end = 100, 100 + RUN_MOST + RUN_MOST // 2
     store_all(store, [b.retry(head), *(b.behind(offset) for offset in range(head + 1, end))])
     run = deliver(store)  # (a's 3 is not due: b's head is the one due)
     assert values(run) == [str(offset).encode() for offset in range(head, head + RUN_MOST)]
