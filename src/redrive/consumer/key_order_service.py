@@ -66,15 +66,12 @@ class ServiceQueues(KeyOrder):
         key = message.key
         if key is None:
             return False
-        delivery = message.retry
-        if delivery is not None:
+        if message.retry is not None:
             run = message.run
             if run is None:
                 return False
             # Held by its source partition, also when it came back on a per-group topic.
-            partition = delivery.original_partition
-            where = message.original_topic, message.partition if partition is None else partition
-            failed = self.held.dropping(*where, key)
+            failed = self.held.dropping(message.original_topic, message.original_partition, key)
             if failed is None or failed.run != run:
                 return False
             if message.original_offset <= failed.offset:

@@ -50,6 +50,14 @@ class Message:
         return self.topic
 
     @property
+    def original_partition(self) -> int:
+        """The partition the record was first consumed from (a per-group retry topic's
+        partition has its number; its own on a first delivery)."""
+        if self.retry is not None and self.retry.original_partition is not None:
+            return self.retry.original_partition
+        return self.partition
+
+    @property
     def original_offset(self) -> int:
         if self.retry is not None and self.retry.original_offset is not None:
             return self.retry.original_offset

@@ -72,15 +72,17 @@ first failure by the 10th record on average)."""
 RunRow = tuple[Any, ...]
 """A row of a run as :data:`RUN_COLUMNS` lists it."""
 
-RUN_COLUMNS: Final = (
-    "id, due_ms, destination, dest_partition, msg_key, msg_value, headers, deadline_ms, order_queue"
-)
+_DELIVERED_COLUMNS: Final = (
+    "id", "due_ms", "destination", "dest_partition", "msg_key", "msg_value", "headers",
+    "deadline_ms", "order_queue",
+)  # fmt: skip
+RUN_COLUMNS: Final = ", ".join(_DELIVERED_COLUMNS)
 """What a scheduler reads of a row it delivers."""
 
 # The records waiting behind heads just claimed, each queue's in its order, locked with
 # them: no other scheduler claims a held row, so each run is one claimer's.
 _BEHIND_HEADS = f"""
-SELECT h.id, {", ".join("r." + c.strip() for c in RUN_COLUMNS.split(","))}
+SELECT h.id, {", ".join("r." + column for column in _DELIVERED_COLUMNS)}
 FROM unnest(%(heads)s::bigint[], %(queues)s::bytea[]) WITH ORDINALITY AS h(id, queue, n)
 CROSS JOIN LATERAL (
     SELECT {RUN_COLUMNS}, original_offset, attempt
