@@ -22,12 +22,12 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Message, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from redrive import headers as h
@@ -371,9 +371,44 @@ def committed_requests(
     each partition, reading committed records only (`isolation.level=read_committed`,
     as the retry service's intake and the App's tier consumer read: a hand-off of an
     aborted or open transaction is not counted). Call it once the writers stopped."""
+    found: list[Request] = []
+    for msg in _read_committed(bootstrap, topics, timeout_s):
+        fields, _ = h.split_headers(msg.headers())
+        request_id = fields.get(h.ID)
+        if request_id is None:
+            continue  # a dead letter, a record of the load itself
+        group = fields.get(h.GROUP)
+        topic = fields.get(h.ORIGINAL_TOPIC)
+        found.append(
+            Request(
+                request_id.decode(),
+                group.decode() if group is not None else None,
+                (
+                    topic.decode() if topic is not None else None,
+                    _int(fields.get(h.ORIGINAL_PARTITION)),
+                    _int(fields.get(h.ORIGINAL_OFFSET)),
+                ),
+                _int(fields.get(h.ATTEMPT)),
+                msg.partition(),
+                msg.offset(),
+            )
+        )
+    return found
+
+
+def not_in_topic(bootstrap: str, topic: str, sent: set[bytes]) -> set[bytes]:
+    """The records of `sent` (acknowledged to the load's producer) that `topic` does not
+    hold. redrive never removes a record from a source topic, so these never reached
+    the App: a producer's or broker's loss, reported apart from redrive's."""
+    stored = {msg.value() for msg in _read_committed(bootstrap, [topic], 60)}
+    return sent - stored
+
+
+def _read_committed(bootstrap: str, topics: Iterable[str], timeout_s: float) -> Iterator[Message]:
+    """The committed records of `topics`, each partition from its beginning to its end."""
     names = sorted(set(topics))
     if not names:
-        return []
+        return
     consumer = Consumer(
         {
             "bootstrap.servers": bootstrap,
@@ -384,7 +419,6 @@ def committed_requests(
             "fetch.wait.max.ms": 10,
         }
     )
-    found: list[Request] = []
     try:
         metadata = consumer.list_topics(timeout=30)
         wanted = [
@@ -404,30 +438,10 @@ def committed_requests(
                 if error.code() == KafkaError._PARTITION_EOF:
                     pending.discard((msg.topic(), msg.partition()))
                 continue
-            fields, _ = h.split_headers(msg.headers())
-            request_id = fields.get(h.ID)
-            if request_id is None:
-                continue  # a dead letter, a record of the load itself
-            group = fields.get(h.GROUP)
-            topic = fields.get(h.ORIGINAL_TOPIC)
-            found.append(
-                Request(
-                    request_id.decode(),
-                    group.decode() if group is not None else None,
-                    (
-                        topic.decode() if topic is not None else None,
-                        _int(fields.get(h.ORIGINAL_PARTITION)),
-                        _int(fields.get(h.ORIGINAL_OFFSET)),
-                    ),
-                    _int(fields.get(h.ATTEMPT)),
-                    msg.partition(),
-                    msg.offset(),
-                )
-            )
+            yield msg
         assert not pending, f"partitions not read to their end in {deadline.describe()}: {pending}"
     finally:
         consumer.close()
-    return found
 
 
 def tier_topics(bootstrap: str, group: str, topic: str) -> list[str]:
