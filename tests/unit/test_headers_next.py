@@ -164,6 +164,33 @@ def test_describe_error() -> None:
     assert "Traceback" in info.trace and info.trace.rstrip().endswith("Boom: it broke")
 
 
+def _fail_deep(n: int) -> int:
+    if n == 0:
+        raise Boom("at the bottom of " + "the stack")
+    return 1 + _fail_deep(n - 1)  # a call inside its line: Python would mark its columns
+
+
+def test_a_trace_names_every_frame_and_cause_without_column_markers() -> None:
+    try:
+        try:
+            _fail_deep(2)
+        except Boom as cause:
+            raise ValueError("while handling") from cause
+    except ValueError as error:
+        trace = describe_error(error).trace
+    try:
+        raise ExceptionGroup("several", [Boom("first"), KeyError("second")])
+    except ExceptionGroup as group:
+        grouped = describe_error(group).trace
+    assert trace.count("in _fail_deep") == 3  # each frame, with its line of source
+    assert 'raise Boom("at the bottom of " + "the stack")' in trace
+    assert "The above exception was the direct cause" in trace
+    assert trace.rstrip().endswith("ValueError: while handling")
+    assert "Boom: first" in grouped and "KeyError: 'second'" in grouped
+    for text in (trace, grouped):
+        assert not [line for line in text.splitlines() if line.strip().startswith("^")]
+
+
 def test_describe_error_with_broken_str() -> None:
     class Ugly(Exception):
         def __str__(self) -> str:
