@@ -75,6 +75,30 @@ def test_a_transactional_app_hands_each_failure_off_once(
     assert [c.value for c in again.items] == [b"new"]
 
 
+def test_a_due_retry_does_not_wait_for_the_commit_interval(
+    bootstrap: str, new_topic: Callable[..., str]
+) -> None:
+    """A tier record is read once the transaction that wrote it commits: the App
+    commits as soon as a hand-off it holds is due, not at its commit interval."""
+    topic = new_topic("txn-due")
+    calls = Calls()
+
+    def handler(message: Message) -> None:
+        calls.add(message)
+        if message.attempt == 1:
+            raise Flaky("first attempt")
+
+    app = App(
+        bootstrap, group=f"g-{uuid.uuid4().hex[:8]}", transactional=True, commit_interval_s=120
+    )
+    app.add_handler(topic, handler, strategy="topics", policy="200ms x3")
+    with running_app(app):
+        produce(bootstrap, topic, [{"key": b"k", "value": b"v"}])
+        # Well inside the interval: its retry came back before any interval commit.
+        assert wait_for(lambda: any(c.attempt == 2 for c in calls.of(b"v")), 60)
+    assert [c.attempt for c in calls.of(b"v")] == [1, 2]
+
+
 def test_an_app_killed_mid_retry_hands_each_failure_off_exactly_once(
     bootstrap: str, new_topic: Callable[..., str], tmp_path: Path
 ) -> None:

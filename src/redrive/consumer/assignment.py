@@ -127,9 +127,11 @@ class Assignment:
         try:
             self.transactions.commit(offsets)
         except Aborted:
+            self.publisher.committed()  # none is left to be visible: they are gone
             self.records.outcomes.repeats.abort()  # those hand-offs are gone: not repeats
             self._rewind()
             return
+        self.publisher.committed()
         self.records.outcomes.repeats.commit()
         self.offsets.committed(offsets)
 

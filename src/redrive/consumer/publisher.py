@@ -41,6 +41,9 @@ class Publisher:
         self._stop = stop
         self._failed: list[tuple[_Outgoing, KafkaError]] = []
         self.in_flight = 0
+        self.earliest_due_ms: int | None = None
+        """The earliest due time of the hand-offs sent since :meth:`committed`: with
+        transactions, none of them is visible to its reader before the commit."""
 
     def send(
         self,
@@ -52,7 +55,24 @@ class Publisher:
         redrive: RetryHeaders,
         partition: int | None = None,
     ) -> None:
-        self._produce(_Outgoing(topic, key, value, encode(redrive, user_headers), partition))
+        headers = self._headers(topic, key, value, redrive, user_headers)
+        self._produce(_Outgoing(topic, key, value, headers, partition))
+        if self.earliest_due_ms is None or redrive.retry_at < self.earliest_due_ms:
+            self.earliest_due_ms = redrive.retry_at
+
+    def _headers(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes | None,
+        redrive: RetryHeaders,
+        user_headers: list[Header],
+    ) -> list[Header]:
+        return encode(redrive, user_headers)
+
+    def committed(self) -> None:
+        """The hand-offs sent so far are committed (visible to their readers)."""
+        self.earliest_due_ms = None
 
     def put(self, topic: str, *, key: bytes, value: bytes | None, partition: int) -> None:
         """Write a record of redrive's own bookkeeping (no headers), acknowledged and
@@ -108,20 +128,18 @@ class SigningPublisher(Publisher):
         self._keys = keys
         self._requests_topic = requests_topic
 
-    def send(
+    def _headers(
         self,
         topic: str,
-        *,
         key: bytes | None,
         value: bytes | None,
-        user_headers: list[Header],
         redrive: RetryHeaders,
-        partition: int | None = None,
-    ) -> None:
+        user_headers: list[Header],
+    ) -> list[Header]:
         headers = encode(redrive, user_headers)
         if topic == self._requests_topic:
             headers = self._keys.signed(headers, key, value)
-        self._produce(_Outgoing(topic, key, value, headers, partition))
+        return headers
 
 
 def publisher_for(

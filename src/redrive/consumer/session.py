@@ -25,6 +25,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from redrive.client_logs import with_client_logs
+from redrive.clock import now_ms
 from redrive.consumer.assignment import Assignment, Callbacks, reset_offset
 from redrive.consumer.async_records import AsyncRecords
 from redrive.consumer.batches import Batches, BatchSettings
@@ -50,9 +51,10 @@ from redrive.rejoin import RejoinWatch
 log = structlog.get_logger("redrive.consumer")
 
 INSTANCE_ID_SETTING = "App(instance_id=...)"
-KEPT_FULL_COMMIT_S = 0.1
-"""The commit interval of a transactional App while a partition waits for room in its
-kept lines (:mod:`redrive.consumer.kept_lines`)."""
+SOONEST_COMMIT_S = 0.1
+"""The shortest commit interval of a transactional App: it commits this soon after the
+last commit when a hand-off in the open transaction is due, or a partition waits for
+room in its kept lines (:mod:`redrive.consumer.kept_lines`)."""
 
 
 class Session:
@@ -87,7 +89,9 @@ class Session:
             if settings.transactional
             else None,
         )
-        publisher = publisher_for(self.producer, stop, settings.signing, settings.requests_topic)
+        publisher = self.publisher = publisher_for(
+            self.producer, stop, settings.signing, settings.requests_topic
+        )
         hooks = settings.hooks
         breakers = Breakers.of(
             ((r.topic, r.breaker) for r in routes.values()), metrics, hooks.on_breaker
@@ -162,18 +166,25 @@ class Session:
         """Between turns: commit when the interval is over, subscribe again when the
         group left the App out."""
         now = time.monotonic()
-        interval = self.settings.polling.commit_interval_s
-        if self.orders.kept.full and self.settings.transactional:
-            # A partition waits for room behind heads whose retries no one reads before
-            # the transaction that wrote them commits: sooner, then.
-            interval = min(interval, KEPT_FULL_COMMIT_S)
-        if now - self._last_commit >= interval:
+        if self._commit_due(now - self._last_commit):
             self.assignment.commit(asynchronous=True)
             self._last_commit = time.monotonic()
         if self.orders.kept.count():
             self.orders.send_overdue()
         if self.assignment.rejoin.due(now):
             self.assignment.subscribe_again()
+
+    def _commit_due(self, since_s: float) -> bool:
+        """Whether to commit, ``since_s`` after the last commit: each interval, and with
+        transactions sooner when the open one holds a hand-off that is due (no reader
+        sees it before the commit: a retry would come back up to an interval late) or
+        a partition waits for room behind heads whose retries it holds."""
+        if since_s >= self.settings.polling.commit_interval_s:
+            return True
+        if not self.settings.transactional or since_s < SOONEST_COMMIT_S:
+            return False
+        due = self.publisher.earliest_due_ms
+        return bool(self.orders.kept.full) or (due is not None and due <= now_ms())
 
     def finish(self) -> None:
         """Stopping: what waits in a batch is handled; async records that run may end,
