@@ -10,7 +10,7 @@ back on restart: at-least-once).
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import structlog
 from confluent_kafka import KafkaError, Message, Producer
@@ -55,20 +55,14 @@ class Publisher:
         redrive: RetryHeaders,
         partition: int | None = None,
     ) -> None:
-        headers = self._headers(topic, key, value, redrive, user_headers)
-        self._produce(_Outgoing(topic, key, value, headers, partition))
+        out = _Outgoing(topic, key, value, encode(redrive, user_headers), partition)
+        self._produce(self._signed(out))
         if self.earliest_due_ms is None or redrive.retry_at < self.earliest_due_ms:
             self.earliest_due_ms = redrive.retry_at
 
-    def _headers(
-        self,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        redrive: RetryHeaders,
-        user_headers: list[Header],
-    ) -> list[Header]:
-        return encode(redrive, user_headers)
+    def _signed(self, out: _Outgoing) -> _Outgoing:
+        """A hand-off as it is written: unsigned here."""
+        return out
 
     def committed(self) -> None:
         """The hand-offs sent so far are committed (visible to their readers)."""
@@ -128,18 +122,10 @@ class SigningPublisher(Publisher):
         self._keys = keys
         self._requests_topic = requests_topic
 
-    def _headers(
-        self,
-        topic: str,
-        key: bytes | None,
-        value: bytes | None,
-        redrive: RetryHeaders,
-        user_headers: list[Header],
-    ) -> list[Header]:
-        headers = encode(redrive, user_headers)
-        if topic == self._requests_topic:
-            headers = self._keys.signed(headers, key, value)
-        return headers
+    def _signed(self, out: _Outgoing) -> _Outgoing:
+        if out.topic != self._requests_topic:
+            return out
+        return replace(out, headers=self._keys.signed(out.headers, out.key, out.value))
 
 
 def publisher_for(
