@@ -339,26 +339,33 @@ def _key_order_costs(
     tiers: dict[str, dict[str, float]], paths: dict[str, dict[str, float]]
 ) -> list[Result]:
     """Benchmark 5's ordered failure rows against their unordered peers of the same run:
-    the tiers (with transactions), the service delivering to the source topic, and to
-    the group's own topic."""
+    the tiers (with transactions) and the service, each as a user gets it by default
+    (the service's ordered retries on the group's own topic, its unordered ones on the
+    source), then the service's ordered row against the unordered one of its layout:
+    the group's own topic, and the source topic (``per_group_topic=False``, no goal:
+    a head's retry comes back behind the whole backlog, and every record of its key
+    read meanwhile goes through the service)."""
+    ordered = paths["service fail 10%, key order"]
     rows = []
-    for name, ordered, unordered in (
-        ("tiers", tiers["fail 10%, txn, key order"], tiers["fail 10%, txn"]),
-        ("service", paths["service fail 10%, key order"], paths["service fail 10%"]),
+    for name, row, unordered, goal in (
+        ("tiers", tiers["fail 10%, txn, key order"], tiers["fail 10%, txn"], True),
+        ("service", ordered, paths["service fail 10%"], True),
+        ("service, per-group topic", ordered, paths["service fail 10%, per-group topic"], True),
         (
-            "service, per-group topic",
-            paths["service fail 10%, per-group topic, key order"],
-            paths["service fail 10%, per-group topic"],
+            "service, source topic",
+            paths["service fail 10%, source topic, key order"],
+            paths["service fail 10%"],
+            False,
         ),
     ):
-        cost = ordered["per_s"] / unordered["per_s"]
+        cost = row["per_s"] / unordered["per_s"]
         rows.append(
             Result(
                 f"5 consumer {name} fail 10%, key order vs unordered",
                 f"{cost:.2f}x of the unordered row",
-                ">= 0.5x",
-                cost >= 0.5,
-                {"per_s": round(ordered["per_s"]), "unordered_per_s": round(unordered["per_s"])},
+                ">= 0.5x" if goal else "- (the backlog's layout)",
+                cost >= 0.5 if goal else None,
+                {"per_s": round(row["per_s"]), "unordered_per_s": round(unordered["per_s"])},
             )
         )
     return rows

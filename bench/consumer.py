@@ -77,18 +77,20 @@ SERVICE_PATHS = (
     "service fail 10%, signed",
     "service fail 10%, key order",
     "service fail 10%, per-group topic",
-    "service fail 10%, per-group topic, key order",
+    "service fail 10%, source topic, key order",
 )
 """Rows through a running retry service, strategy `service`, JSON handler: the success
 path, 10% of records failing once (retried through the service, 100 ms), and the same
 with ``ordering="key"`` (the later records of a failed record's key wait behind it:
 kept by the App while it has room, else in the service); each as a ratio to the first.
 The signed row is the second with every request signed by the App and signatures
-required by the service. The last two deliver the retries to the group's own topic
-(``Service(per_group_topic=True)``) instead of the end of the source partition: the
-App may then pause a partition when it keeps as many records as it may, until a
-head's retry comes back. Run at the success path's size: at a tenth of it, the
-failure rows measured the last retries' delay more than a rate."""
+required by the service. Key order delivers the retries to the group's own topic
+(``Service(ordering="key")``'s default, as ``per_group_topic=True`` does for the
+unordered row beside it), where the App may pause a partition when it keeps as many
+records as it may, until a head's retry comes back; the last row delivers them to the
+end of the source partition instead (``per_group_topic=False``). Run at the success
+path's size: at a tenth of it, the failure rows measured the last retries' delay more
+than a rate."""
 
 
 class Flaky(Exception):
@@ -196,7 +198,8 @@ def app_loop(
     elif variant in FAILURE_PATHS or variant in TIER_ORDER_PATHS[1:]:
         app.add_handler(topic, handler, policy="100ms", strategy=Topics(ordering=ordering))
     elif variant in SERVICE_PATHS or variant == "service, signed":
-        per_group = "per-group topic" in variant
+        layout = {"per-group topic": True, "source topic": False}
+        per_group = next((v for k, v in layout.items() if k in variant), None)
         strategy = Service(ordering=ordering, per_group_topic=per_group)
         app.add_handler(topic, handler, policy="100ms", strategy=strategy)
     else:

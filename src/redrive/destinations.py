@@ -5,6 +5,11 @@ every request's ``redrive-destination`` with :class:`DestinationAllowlist`, so a
 pattern means the same to both. Internal topics (``__*``) and the requests topic
 itself are refused whatever the patterns say: a request must not write into
 Kafka's own topics, nor loop back into the topic it came from.
+
+A topic allowed brings its per-group retry topics (``<group>.<topic>.retry``) with it:
+a consumer group's retries of an allowed topic come back there (``Service(ordering=
+"key")`` by default), and writing there reaches only that group's readers of the topic,
+where writing to the topic reaches them all.
 """
 
 from __future__ import annotations
@@ -33,7 +38,30 @@ class DestinationAllowlist:
     requests_topic: str
 
     def allows(self, topic: str) -> bool:
-        """True if a request may deliver to `topic`."""
+        """True if a request may deliver to `topic`: a topic the patterns name, or a
+        per-group retry topic of one."""
         if topic.startswith("__") or topic == self.requests_topic:
             return False
-        return any(fnmatch.fnmatchcase(topic, pattern) for pattern in self.patterns)
+        if self._names(topic):
+            return True
+        source = topic.removesuffix(_RETRY)
+        if source == topic:
+            return False
+        # <group>.<source>.retry: the group and the source may both have dots in them.
+        return any(
+            self._names(source[dot + 1 :]) and not source[dot + 1 :].startswith("__")
+            for dot in _dots(source)
+        )
+
+    def _names(self, topic: str) -> bool:
+        return topic != self.requests_topic and any(
+            fnmatch.fnmatchcase(topic, pattern) for pattern in self.patterns
+        )
+
+
+_RETRY: Final = ".retry"
+
+
+def _dots(name: str) -> list[int]:
+    """Where ``name`` may split into a group and a topic: after a non-empty group."""
+    return [i for i, c in enumerate(name) if c == "." and 0 < i < len(name) - 1]

@@ -81,13 +81,10 @@ def strategy_of(name: str, ordering: str | None) -> Strategy:
         return Service(per_group_topic=True, ordering="key" if ordering else None)
     if ordering is None:
         return cast(Strategy, name)
-    kinds: dict[str, type[Service | Topics]] = {
-        "service": Service,
-        "topics": Topics,
-        "retry-topic": RetryTopic,
-    }
-    ordered = kinds[name]
-    return ordered(ordering="key")
+    if name == "service":  # the retries back on the source topic, behind its backlog
+        return Service(ordering="key", per_group_topic=False)
+    kinds: dict[str, type[Topics]] = {"topics": Topics, "retry-topic": RetryTopic}
+    return kinds[name](ordering="key")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -279,18 +279,31 @@ def test_ordering_needs_a_strategy_that_keeps_key_lines(bootstrap: str) -> None:
     )
     with pytest.raises(ConfigError, match=r"partition\.assignment\.strategy"):
         sticky.add_handler("t", lambda m: None, strategy=RetryTopic(ordering="key"))
-    # Retries on a per-group topic: its partitions must go with the source's.
-    with pytest.raises(ConfigError, match="per-group retry topic"):
-        sticky.add_handler(
-            "t", lambda m: None, strategy=Service(per_group_topic=True, ordering="key")
+    # Retries on a per-group topic (the default with key order): its partitions must
+    # go with the source's; the error names the way back to the source topic too.
+    for per_group in (Service(per_group_topic=True, ordering="key"), Service(ordering="key")):
+        with pytest.raises(ConfigError, match="per-group retry topic") as refused:
+            sticky.add_handler("t", lambda m: None, strategy=per_group)
+        assert "per_group_topic=False" in refused.value.fix
+    # A group whose retry topic could not be a topic is refused before anything runs.
+    with pytest.raises(ConfigError, match="not a legal Kafka topic name"):
+        App(bootstrap, group="g" * 250).add_handler(
+            "t", lambda m: None, strategy=Service(ordering="key")
         )
     with pytest.raises(ConfigError, match="not an ordering"):
         Topics(ordering="partition")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="batch handlers"):
         app.add_batch_handler("t", lambda batch: None, strategy=Service(ordering="key"))
     assert app.routes == {} and sticky.routes == {}
-    app.add_handler("t", lambda m: None, strategy=Service(per_group_topic=True, ordering="key"))
+    app.add_handler("t", lambda m: None, strategy=Service(ordering="key"))
     assert app.routes["t"].redelivery_topic == "g-order-config.t.retry"
+    assert app.routes["t"].strategy == Service(per_group_topic=True, ordering="key")
+    # Back on the source topic when asked: no per-group topic, any assignor.
+    sticky.add_handler("t", lambda m: None, strategy=Service(ordering="key", per_group_topic=False))
+    assert sticky.routes["t"].redelivery_topic == "t"
+    # Without key order, retries come back on the source unless asked.
+    app.add_handler("u", lambda m: None, strategy=Service())
+    assert app.routes["u"].redelivery_topic == "u"
 
 
 def test_the_docs_example_applies_each_orders_statuses_in_order(

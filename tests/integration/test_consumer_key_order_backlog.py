@@ -1,11 +1,12 @@
 """Key order through the retry service with per-group retry topics, under a backlog.
 
-With ``Service(ordering="key")`` a retry is delivered back to its source partition,
-at the end of it: behind a backlog, a "1s" retry waits until the backlog before it is
-handled. With ``Service(per_group_topic=True, ordering="key")`` it comes back on
-``<group>.<topic>.retry`` instead, on the partition of its source record's number,
-which the App reads beside the source: it is handled when due while the backlog
-drains, and the later records of its key still wait behind it.
+With ``Service(ordering="key", per_group_topic=False)`` a retry is delivered back to
+its source partition, at the end of it: behind a backlog, a "1s" retry waits until
+the backlog before it is handled. With ``Service(ordering="key")`` (its default
+``per_group_topic=True``) it comes back on ``<group>.<topic>.retry`` instead, on the
+partition of its source record's number, which the App reads beside the source: it
+is handled when due while the backlog drains, and the later records of its key still
+wait behind it.
 
 The App is docs/consumer.md's example ("Key order without waiting behind the
 backlog"): its strategy and its bound on what the consumer fetches ahead, without

@@ -53,14 +53,22 @@ class Env:
     token: str
 
     def request(
-        self, key: bytes, offset: int, order: Order, *, attempt: int = 1, due_in_ms: int = 0
+        self,
+        key: bytes,
+        offset: int,
+        order: Order,
+        *,
+        attempt: int = 1,
+        due_in_ms: int = 0,
+        destination: str | None = None,
     ) -> dict[str, Any]:
-        """A retry request of partition 0 of `topic` (the queue is the key's there)."""
+        """A retry request of partition 0 of `topic` (the queue is the key's there),
+        delivered to `topic` unless told another `destination`."""
         return {
             "key": key,
             "value": f"v{offset}".encode(),
             "headers": request_headers(
-                self.topic,
+                destination or self.topic,
                 now_ms() + due_in_ms,
                 attempt=attempt,
                 group=GROUP,
@@ -337,6 +345,29 @@ def test_making_a_head_due_delivers_its_run_and_then_it_waits_for_its_consumer(
         collector.drain(0.5)
         assert [d.value for d in arrived(collector, key, 2)] == [b"v40", b"v41"]
         assert env.one(later)["order_state"] == "behind"
+    finally:
+        collector.close()
+
+
+def test_a_run_goes_where_its_head_goes(env: Env) -> None:
+    # The route moved its retries to its group's own topic while the key waited (an App
+    # upgraded to Service(ordering="key")'s default): the record put behind names the
+    # new topic, its head the old one. Split, the one behind would come back first.
+    key = f"m-{uuid.uuid4().hex[:6]}".encode()
+    per_group = f"{GROUP}.{env.topic}.retry"
+    admin = AdminClient({"bootstrap.servers": env.bootstrap})
+    admin.create_topics([NewTopic(per_group, num_partitions=1)])[per_group].result(timeout=30)
+    collector = Collector(env.bootstrap, env.topic)
+    try:
+        env.send(
+            env.request(key, 60, "key", due_in_ms=FAR),
+            env.request(key, 61, "behind", attempt=0, destination=per_group),
+        )
+        ids = env.ids_by_offset(key, 2)
+        made = env.api.post(f"/api/v1/pending/{ids[60]}/retry-now", headers=env.operator)
+        assert made.status_code == 200, made.text
+        assert [d.value for d in arrived(collector, key, 2)] == [b"v60", b"v61"]
+        assert {d.partition for d in arrived(collector, key, 2)} == {0}
     finally:
         collector.close()
 

@@ -65,6 +65,26 @@ def test_allowlist_globs_and_the_doors_always_closed() -> None:
     assert not everything.destination_allowed("redrive.requests")  # no loops
 
 
+def test_an_allowed_topic_brings_its_groups_retry_topics() -> None:
+    # Where Service(ordering="key") delivers: <group>.<topic>.retry, groups and topics
+    # with dots in their names too.
+    settings = ServiceSettings(
+        allowed_destinations=["orders", "items.*"], requests_topic="redrive.requests"
+    )
+    for allowed in ("billing.orders.retry", "a.b.orders.retry", "g.items.eu.retry"):
+        assert settings.destination_allowed(allowed), allowed
+    for refused in (
+        "orders.retry",  # no group
+        ".orders.retry",
+        "billing.payments.retry",
+        "billing.orders.retry.5m",  # a tier of the topics strategy: not the service's
+        "g.redrive.requests.retry",
+        "g.__consumer_offsets.retry",
+        "billing.orders2.retry",
+    ):
+        assert not settings.destination_allowed(refused), refused
+
+
 def test_instance_id_defaults_to_host_and_fixed_port(monkeypatch: pytest.MonkeyPatch) -> None:
     import socket
 

@@ -17,16 +17,20 @@ from typing import Any
 from redrive.errors import ConfigError
 
 
-def check_assignor(topic: str, others: str, settings: Mapping[str, Any]) -> None:
+def check_assignor(
+    topic: str, others: str, settings: Mapping[str, Any], otherwise: str | None = None
+) -> None:
     """A ConfigError unless the consumer's assignor (``settings``: its librdkafka
-    settings) keeps partition ``p`` of ``topic`` and of its ``others`` together."""
+    settings) keeps partition ``p`` of ``topic`` and of its ``others`` together
+    (``otherwise``: another way out, for the error's fix)."""
     assignor = settings.get("partition.assignment.strategy")
     if assignor is not None and not str(assignor).replace(" ", "").startswith("range"):
         raise ConfigError(
             "partition.assignment.strategy",
             f"{assignor!r} may give a partition and its {others} to different "
             f"instances, whose key order for {topic!r} would then disagree",
-            'leave it out (librdkafka\'s default starts with "range"), or use "range"',
+            'leave it out (librdkafka\'s default starts with "range"), or use "range"'
+            + (f", or {otherwise}" if otherwise else ""),
         )
 
 

@@ -116,4 +116,9 @@ def check_key_order(route: Route, transactional: bool, settings: Mapping[str, An
     if route.lines_in_tiers:
         check_key_lines(route.topic, route.strategy.name, transactional, settings)
     elif route.ordering is not None and route.per_group_topic:
-        check_assignor(route.topic, "per-group retry topic", settings)
+        check_assignor(
+            route.topic,
+            "per-group retry topic",
+            settings,
+            'Service(ordering="key", per_group_topic=False) for retries on the source',
+        )

@@ -118,7 +118,7 @@ class Route:
     def __post_init__(self) -> None:
         self.router = Router(self.policy, self.group)
         self.ordering = self.strategy.ordering
-        self.per_group_topic = self.strategy.per_group_topic
+        self.per_group_topic = self.strategy.retries_per_group
         self.breaker = self.strategy.breaker
         self.strategy.prepare(self)
 

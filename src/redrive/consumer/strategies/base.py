@@ -96,7 +96,7 @@ class RetryStrategy(ABC):
         return None
 
     @property
-    def per_group_topic(self) -> bool:
+    def retries_per_group(self) -> bool:
         """Retries come back on ``<group>.<topic>.retry`` rather than ``<topic>``."""
         return False
 

@@ -7,6 +7,10 @@ reads too, so that other groups reading the topic do not see this group's retrie
 and a retry does not wait behind the source's backlog. With ``ordering="key"`` too, a
 retry comes back on the per-group topic's partition of the source record's number, so
 that the instance holding its key handles it (:mod:`redrive.consumer.co_partitioned`).
+
+``ordering="key"`` comes back on the per-group topic unless told otherwise: a retry
+delivered to the end of the source waits behind its backlog, and every later record of
+its key read meanwhile has to go through the service behind it.
 """
 
 from __future__ import annotations
@@ -22,32 +26,51 @@ from redrive.consumer.strategies.base import (
     check_ordering,
 )
 from redrive.errors import ConfigError
+from redrive.headers import MAX_TOPIC_LENGTH, is_topic_name
 from redrive.router import FailedRecord, RetryTarget
 
 
 @dataclass(frozen=True)
 class Service(RetryStrategy):
     """Through the retry service. ``per_group_topic=True``: retries come back on
-    ``<group>.<topic>.retry``, read by this group alone; ``ordering="key"``: a key's
-    later records wait behind its record waiting for a retry (see
+    ``<group>.<topic>.retry``, read by this group alone (the default with
+    ``ordering="key"``; ``False``: back on the source topic); ``ordering="key"``: a
+    key's later records wait behind its record waiting for a retry (see
     :mod:`redrive.consumer.held_keys`)."""
 
     name = "service"
     default_dead_letters = "service"
     key_order = "service"
 
-    per_group_topic: bool = False
+    per_group_topic: bool | None = None
+    """None: True with ``ordering="key"``, False otherwise (set so when made)."""
     ordering: Ordering = None
 
     def __post_init__(self) -> None:
         check_ordering("Service", self.ordering)
-        if not isinstance(self.per_group_topic, bool):
+        if self.per_group_topic is None:
+            object.__setattr__(self, "per_group_topic", self.ordering == "key")
+        elif not isinstance(self.per_group_topic, bool):
             raise ConfigError(
                 "Service(per_group_topic=...)", f"{self.per_group_topic!r} is not True or False"
             )
 
+    @property
+    def retries_per_group(self) -> bool:
+        return self.per_group_topic is True
+
+    def prepare(self, route: RouteView) -> None:
+        if self.retries_per_group and not is_topic_name(route.redelivery_topic):
+            raise ConfigError(
+                "group",
+                f"the per-group retry topic {route.redelivery_topic!r} "
+                "(<group>.<topic>.retry) is not a legal Kafka topic name",
+                f"use a group id of a-z A-Z 0-9 . _ - short enough for a "
+                f"{MAX_TOPIC_LENGTH}-character topic name, or per_group_topic=False",
+            )
+
     def topics(self, route: RouteView) -> dict[str, Kind]:
-        return {route.redelivery_topic: "redelivery"} if self.per_group_topic else {}
+        return {route.redelivery_topic: "redelivery"} if self.retries_per_group else {}
 
     def retry_to(
         self, route: RouteView, record: FailedRecord, requests_topic: str

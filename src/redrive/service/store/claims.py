@@ -159,15 +159,22 @@ def claim_due(conn: psycopg.Connection[Any], *, now_ms: int, limit: int) -> list
             claimed.append(_claimed(row))
         elif row[0] not in left:
             run: list[Header] = [(RUN, b"%d" % row[0])]
-            claimed.append(_claimed(row, run))
-            claimed += [_claimed(r, run) for r in behind.get(row[0], [])]
+            head = _claimed(row, run)
+            claimed.append(head)
+            # A run goes where its head goes, one partition in order: a record put
+            # behind after its route moved its retries to another topic still comes
+            # back after its head.
+            claimed += [_claimed(r, run, head) for r in behind.get(row[0], [])]
     return claimed
 
 
-def _claimed(row: key_queues.RunRow, run: list[Header] | None = None) -> ClaimedRetry:
+def _claimed(
+    row: key_queues.RunRow, run: list[Header] | None = None, head: ClaimedRetry | None = None
+) -> ClaimedRetry:
     headers = unpack_headers(row[6])
+    to, partition = (row[2], row[3]) if head is None else (head.destination, head.partition)
     return ClaimedRetry(
-        row[0], row[1], row[2], row[3], row[4], row[5],
+        row[0], row[1], to, partition, row[4], row[5],
         headers + run if run else headers, row[7], row[8],
     )  # fmt: skip
 
