@@ -20,6 +20,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from redrive.topic_names import per_group_retry_sources
+
 _PATTERN: Final = re.compile(r"[a-zA-Z0-9._\-*?\[\]!]+")
 
 
@@ -40,28 +42,12 @@ class DestinationAllowlist:
     def allows(self, topic: str) -> bool:
         """True if a request may deliver to `topic`: a topic the patterns name, or a
         per-group retry topic of one."""
-        if topic.startswith("__") or topic == self.requests_topic:
-            return False
-        if self._names(topic):
-            return True
-        source = topic.removesuffix(_RETRY)
-        if source == topic:
-            return False
-        # <group>.<source>.retry: the group and the source may both have dots in them.
-        return any(
-            self._names(source[dot + 1 :]) and not source[dot + 1 :].startswith("__")
-            for dot in _dots(source)
+        return self._open(topic) and (
+            self._named(topic) or any(self._named(t) for t in per_group_retry_sources(topic))
         )
 
-    def _names(self, topic: str) -> bool:
-        return topic != self.requests_topic and any(
-            fnmatch.fnmatchcase(topic, pattern) for pattern in self.patterns
-        )
+    def _open(self, topic: str) -> bool:
+        return not topic.startswith("__") and topic != self.requests_topic
 
-
-_RETRY: Final = ".retry"
-
-
-def _dots(name: str) -> list[int]:
-    """Where ``name`` may split into a group and a topic: after a non-empty group."""
-    return [i for i, c in enumerate(name) if c == "." and 0 < i < len(name) - 1]
+    def _named(self, topic: str) -> bool:
+        return self._open(topic) and any(fnmatch.fnmatchcase(topic, p) for p in self.patterns)

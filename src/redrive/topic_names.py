@@ -28,6 +28,15 @@ def per_group_retry_topic(group: str, topic: str) -> str:
     return f"{group}.{topic}.retry"
 
 
+def per_group_retry_sources(name: str) -> list[str]:
+    """The topics ``name`` may be the per-group retry topic of (groups and topics may
+    both have dots in them): ``a.b.retry`` -> ``["b"]``; none if it is not one."""
+    inner = name.removesuffix(".retry")
+    if inner == name:
+        return []
+    return [inner[i + 1 :] for i, c in enumerate(inner) if c == "." and 0 < i < len(inner) - 1]
+
+
 def tier_topic(group: str, topic: str, delay: str) -> str:
     """The ``topics`` strategy's tier of ``topic`` for one delay (``5m``, as
     :func:`redrive.policy.format_duration` writes it) in consumer group ``group``:

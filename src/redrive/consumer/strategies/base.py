@@ -24,7 +24,7 @@ from typing import ClassVar, Literal, Protocol, TypeAlias
 
 from redrive.consumer.breaker import Breaker
 from redrive.errors import ConfigError
-from redrive.headers import RetryHeaders
+from redrive.headers import MAX_TOPIC_LENGTH, RetryHeaders, is_topic_name
 from redrive.policy import Policy, Retry
 from redrive.router import FailedRecord, RetryTarget
 
@@ -36,6 +36,18 @@ KeyOrder: TypeAlias = Literal["service", "tiers"]
 Ordering: TypeAlias = Literal["key"] | None
 """``"key"``: a key's records are handled in order through retries; None: a key's
 later records may overtake a record waiting for its retry."""
+
+
+def check_retry_topic(name: str, what: str, pattern: str, otherwise: str) -> None:
+    """A ConfigError unless a retry topic a strategy derives from the group and the
+    topic (``what`` it is, named by ``pattern``) is a legal Kafka topic name."""
+    if not is_topic_name(name):
+        raise ConfigError(
+            "group",
+            f"{what} {name!r} ({pattern}) is not a legal Kafka topic name",
+            f"use a group id of a-z A-Z 0-9 . _ - short enough for a "
+            f"{MAX_TOPIC_LENGTH}-character topic name, or {otherwise}",
+        )
 
 
 class RouteView(Protocol):

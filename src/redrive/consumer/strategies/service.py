@@ -24,9 +24,9 @@ from redrive.consumer.strategies.base import (
     RetryStrategy,
     RouteView,
     check_ordering,
+    check_retry_topic,
 )
 from redrive.errors import ConfigError
-from redrive.headers import MAX_TOPIC_LENGTH, is_topic_name
 from redrive.router import FailedRecord, RetryTarget
 
 
@@ -60,13 +60,12 @@ class Service(RetryStrategy):
         return self.per_group_topic is True
 
     def prepare(self, route: RouteView) -> None:
-        if self.retries_per_group and not is_topic_name(route.redelivery_topic):
-            raise ConfigError(
-                "group",
-                f"the per-group retry topic {route.redelivery_topic!r} "
-                "(<group>.<topic>.retry) is not a legal Kafka topic name",
-                f"use a group id of a-z A-Z 0-9 . _ - short enough for a "
-                f"{MAX_TOPIC_LENGTH}-character topic name, or per_group_topic=False",
+        if self.retries_per_group:
+            check_retry_topic(
+                route.redelivery_topic,
+                "the per-group retry topic",
+                "<group>.<topic>.retry",
+                "per_group_topic=False",
             )
 
     def topics(self, route: RouteView) -> dict[str, Kind]:

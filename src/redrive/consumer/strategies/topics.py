@@ -26,9 +26,10 @@ from redrive.consumer.strategies.base import (
     RouteView,
     Wait,
     check_ordering,
+    check_retry_topic,
 )
 from redrive.errors import ConfigError
-from redrive.headers import MAX_TOPIC_LENGTH, RetryHeaders, is_topic_name
+from redrive.headers import RetryHeaders
 from redrive.policy import Policy, format_duration
 from redrive.router import FailedRecord, RetryTarget
 from redrive.topic_names import tier_topic
@@ -61,15 +62,9 @@ class Topics(RetryStrategy):
 
     def prepare(self, route: RouteView) -> None:
         route.tiers = self.tier_topics(route)
+        what = f"the {self.name} strategy's retry topic"
         for name in route.tiers.values():
-            if not is_topic_name(name):
-                raise ConfigError(
-                    "group",
-                    f"the {self.name} strategy's retry topic {name!r} ({self.tier_pattern}) "
-                    "is not a legal Kafka topic name",
-                    f"use a group id of a-z A-Z 0-9 . _ - short enough for a "
-                    f"{MAX_TOPIC_LENGTH}-character topic name, or another strategy",
-                )
+            check_retry_topic(name, what, self.tier_pattern, "another strategy")
 
     def tier_topics(self, route: RouteView) -> dict[int, str]:
         """The route's tiers: nominal delay (ms) -> tier topic, one per distinct delay."""
