@@ -16,7 +16,14 @@ from confluent_kafka import Consumer, TopicPartition
 from redrive import App, Message, Service
 from redrive.consumer.done_ahead import decode
 from tests.chaos.hand_offs import committed_hand_offs
-from tests.integration.consumer_harness import Calls, Flaky, retry_service, running_app, wait_for
+from tests.integration.consumer_harness import (
+    Calls,
+    Flaky,
+    retry_service,
+    running_app,
+    wait_for,
+    waiting_partitions,
+)
 from tests.integration.service_harness import produce
 
 pytestmark = pytest.mark.integration
@@ -77,6 +84,51 @@ def test_records_behind_a_short_retry_are_kept_and_handled_in_order(
             assert ok.index(b"b1") < ok.index(b"a1")
         # Two heads, each retried and released; nothing went to the service behind them.
         assert _hand_offs(bootstrap, requests) == {"retry": 2, "release": 2}
+
+
+def test_a_partition_at_its_bound_waits_for_room_and_loses_nothing(
+    bootstrap: str, database_url: str, new_topic: Callable[..., str]
+) -> None:
+    topic = new_topic("kept-full")
+    keys, per_key = 40, 30  # each key's first record fails: 1,160 records behind heads
+    ok: list[bytes] = []
+    waited: list[float] = []
+
+    def handler(message: Message) -> None:
+        assert message.raw_value is not None
+        if message.raw_value.endswith(b"-0") and message.attempt == 1:
+            raise Flaky("fails once")
+        ok.append(message.raw_value)
+
+    # A backlog, there before the App starts: read faster than the heads come back.
+    produce(
+        bootstrap,
+        topic,
+        [
+            {"key": b"k%d" % k, "value": b"k%d-%d" % (k, i)}
+            for i in range(per_key)
+            for k in range(keys)
+        ],
+    )
+    with retry_service(bootstrap, database_url, allowed_destinations=[topic]) as service:
+        requests = service.settings.requests_topic
+        with running_app(_app(bootstrap, topic, requests, handler, "2s x3")) as app:
+
+            def all_handled() -> bool:
+                waited.append(waiting_partitions(app))
+                return len(ok) >= keys * per_key
+
+            assert wait_for(all_handled, 90), f"{len(ok)} of {keys * per_key} handled"
+    # The partition reached its bound of kept records (500) and waited for the heads
+    # to come back; no record was lost or handled twice.
+    assert max(waited) == 1
+    assert len(ok) == len(set(ok)) == keys * per_key
+    for k in range(keys):
+        assert [v for v in ok if v.startswith(b"k%d-" % k)] == [
+            b"k%d-%d" % (k, i) for i in range(per_key)
+        ]
+    # The records that waited did not go through the service: only the heads did.
+    assert _hand_offs(bootstrap, requests) == {"retry": keys, "release": keys}
 
 
 def test_the_committed_position_waits_at_the_first_kept_record(
