@@ -52,10 +52,14 @@ WHERE p.order_queue = r.queue AND p.original_offset > r.original_offset
   AND p.delivered_ms IS NOT NULL
 """
 
-# The consumer is done with a record of a queue: it leaves it.
+# The consumer is done with records of queues: they leave them (one statement for
+# all the releases an intake batch read).
 _RELEASE = """
-DELETE FROM redrive_pending
-WHERE order_queue = %s AND original_offset = %s AND attempt <= %s
+DELETE FROM redrive_pending p
+USING unnest(%(queues)s::bytea[], %(offsets)s::bigint[], %(attempts)s::int[])
+    AS r(queue, original_offset, attempt)
+WHERE p.order_queue = r.queue AND p.original_offset = r.original_offset
+  AND p.attempt <= r.attempt
 """
 
 QUEUE_ORDER: Final = "original_offset, attempt DESC, id"
@@ -184,8 +188,14 @@ def behind_heads(
 def release(conn: psycopg.Connection[Any], releases: Sequence[Release]) -> None:
     """Take released heads out of their queues (a release read again finds nothing)."""
     if releases:
-        with conn.cursor() as cur:
-            cur.executemany(_RELEASE, [(r.queue, r.original_offset, r.attempt) for r in releases])
+        conn.execute(
+            _RELEASE,
+            {
+                "queues": [r.queue for r in releases],
+                "offsets": [r.original_offset for r in releases],
+                "attempts": [r.attempt for r in releases],
+            },
+        )
 
 
 def advance(conn: psycopg.Connection[Any], queues: Iterable[bytes]) -> int:
