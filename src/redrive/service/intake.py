@@ -311,7 +311,7 @@ class Intake:
         stored = self.store.insert_batch(batch.pending, batch.dead, batch.releases, now_ms=now_ms())
         if batch.pending:
             self.on_scheduled(min(p.due_ms for p in batch.pending))
-        if batch.releases:  # the next of a released key's queue is due now
+        if stored.advanced:  # the next of a released key's queue is due now
             self.on_scheduled(now_ms())
         return stored
 

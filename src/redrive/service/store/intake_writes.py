@@ -165,6 +165,8 @@ class Stored:
     inserted: int
     repeats: list[Accepted] = field(default_factory=list)
     read_again: list[DeadLetterRecord] = field(default_factory=list)
+    advanced: int = 0
+    """Key queues whose next run may go now (their delivered records released)."""
 
     def without_repeats(self, records: Sequence[DeadLetterRecord]) -> list[DeadLetterRecord]:
         """``records`` (the batch's) less those dropped as repeats or read again."""
@@ -248,7 +250,7 @@ def insert_batch(
         queues = [q for q in (r.order_queue for r in pending) if q is not None]
         key_queues.supersede(conn, _retried(pending))
         key_queues.release(conn, releases)
-        key_queues.advance(conn, [*queues, *(r.queue for r in releases)])
+        advanced = key_queues.advance(conn, [*queues, *(r.queue for r in releases)])
         read_again: list[DeadLetterRecord] = []
         if dead:
             dead = _insert_dead(cur, dead, read_again, quarantine_after)
@@ -256,7 +258,7 @@ def insert_batch(
         counts += [("dead_lettered", t, n) for t, n in per_topic([r.topic for r in dead])]
         if counts:
             cur.executemany(COUNT_MINUTE, counts)
-    return Stored(len(pending), repeats, read_again)
+    return Stored(len(pending), repeats, read_again, advanced)
 
 
 def _retried(pending: Sequence[PendingRetry]) -> list[key_queues.Retried]:
