@@ -271,6 +271,9 @@ def _service_end_to_end(
         runs.setdefault("stored", []).append(
             relay.relay_ceiling(stack.bootstrap, n, server_url=stack.database_url)
         )
+        runs.setdefault("kept", []).append(
+            relay.relay_ceiling(stack.bootstrap, n, server_url=stack.database_url, idempotent=True)
+        )
         for workers in WORKER_COUNTS:
             runs.setdefault(f"w{workers}", []).append(
                 service.end_to_end(stack.bootstrap, stack.database_url, n, workdir, workers=workers)
@@ -292,11 +295,21 @@ def _service_end_to_end(
     ceiling, stored = _best_of(runs["relay"]), _best_of(runs["stored"])
     print(f"relay ceiling (the Kafka work of benchmark 2 alone): {ceiling}")
     print(f"relay through PostgreSQL (the least a stored retry costs): {stored}")
+    kept = _best_of(runs["kept"])
+    print(f"idempotent relay through PostgreSQL (the least dropping repeats costs): {kept}")
     stored["of_ceiling"] = stored["per_s"] / ceiling["per_s"]
+    kept["of_stored_ceiling"] = kept["per_s"] / stored["per_s"]
     results = [
         _ceiling("Kafka relay", ceiling, limit, "no service can pass it"),
         _ceiling(
             "relay through PostgreSQL", stored, limit, "no service storing retries can pass it"
+        ),
+        Result(
+            "2 ceiling: idempotent relay through PostgreSQL",
+            f"{kept['of_stored_ceiling']:.2f}x of the relay through PostgreSQL",
+            "-",
+            None,
+            _round(kept),
         ),
     ]
     for workers in WORKER_COUNTS:
@@ -305,6 +318,7 @@ def _service_end_to_end(
         e2e["of_raw_kafka"] = e2e["per_s"] / limit
         e2e["of_ceiling"] = e2e["per_s"] / ceiling["per_s"]
         ratio = e2e["of_stored_ceiling"] = e2e["per_s"] / stored["per_s"]
+        e2e["of_idempotent_ceiling"] = e2e["per_s"] / kept["per_s"]
         results.append(
             Result(
                 f"2 service e2e, {workers} worker{'s' if workers > 1 else ''}",

@@ -12,7 +12,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -211,11 +211,16 @@ class ServiceProcess:
 
     def __exit__(self, *exc: object) -> None:
         assert self.proc is not None
+        workers = psutil.Process(self.proc.pid).children(recursive=True)
         self.proc.terminate()
         try:
-            self.proc.wait(30)
+            self.proc.wait(60)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
+            print(f"benchmark: {self.log.name}'s service did not stop in 60 s; killed")
+            for proc in [psutil.Process(self.proc.pid), *workers]:
+                with suppress(psutil.Error):
+                    proc.kill()
+            self.proc.wait(10)
 
 
 class CpuMeter:

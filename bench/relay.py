@@ -4,6 +4,7 @@ produced, with nothing else: no validation, no scheduling, no API)."""
 
 from __future__ import annotations
 
+import hashlib
 import marshal
 import multiprocessing
 import time
@@ -29,7 +30,9 @@ from redrive.kafka import consume_available
 from redrive.service.garbage_collection import settle_after_start_up
 
 
-def relay_ceiling(bootstrap: str, n: int, server_url: str | None = None) -> dict[str, float]:
+def relay_ceiling(
+    bootstrap: str, n: int, server_url: str | None = None, *, idempotent: bool = False
+) -> dict[str, float]:
     """The ceiling of any retry service on this path and this machine: the Kafka work of
     benchmark 2 alone. A relay process consumes each request and produces it to its
     destination (batched, tuned, acknowledged before its offsets are committed), with
@@ -43,7 +46,14 @@ def relay_ceiling(bootstrap: str, n: int, server_url: str | None = None) -> dict
     the due rows out (`DELETE ... RETURNING`, row-locked, `SKIP LOCKED`), produces them
     and commits the delete once the broker acknowledged them. No validation, no
     idempotence, no statistics, headers stored as `marshal` bytes: the least that
-    storing a retry costs, on two processes so the two halves overlap."""
+    storing a retry costs, on two processes so the two halves overlap.
+
+    ``idempotent``: the ceiling of any service that also drops repeats (a request
+    handed off again after a crash, read again before its offsets were committed): in
+    the same transaction as each batch, the relay copies each request's identity (16
+    bytes: a hash of where it was read) and content (a hash of its value) into a table
+    keyed by the identity, and keeps them, as any store that recognises a repeat after
+    its retry was delivered must."""
     requests_topic = create_topic(bootstrap, "bench-relay-requests", 6)
     destination = create_topic(bootstrap, "bench-relay-dest", 6)
     context = multiprocessing.get_context("spawn")
@@ -58,11 +68,12 @@ def relay_ceiling(bootstrap: str, n: int, server_url: str | None = None) -> dict
     else:
         with psycopg.connect(database_url, autocommit=True) as conn:
             conn.execute(_RELAY_TABLE)
+            conn.execute(_RELAY_IDENTITIES)
         quiet_database(database_url)
         workers = [
             context.Process(
                 target=_relay_into_store,
-                args=(bootstrap, requests_topic, database_url, n, assigned),
+                args=(bootstrap, requests_topic, database_url, n, assigned, idempotent),
             ),
             context.Process(target=_relay_out_of_store, args=(bootstrap, database_url, n)),
         ]
@@ -143,6 +154,13 @@ CREATE TABLE relay_pending (
 );
 CREATE INDEX ON relay_pending (due_ms);
 """
+_RELAY_IDENTITIES = """
+CREATE TABLE relay_accepted (
+    identity bytea PRIMARY KEY,
+    keep_from_ms bigint NOT NULL,
+    content bytea NOT NULL
+);
+"""
 _RELAY_TAKE_DUE = """
 DELETE FROM relay_pending WHERE id IN (
     SELECT id FROM relay_pending WHERE due_ms <= %s ORDER BY due_ms LIMIT 2000
@@ -152,7 +170,7 @@ RETURNING destination, msg_key, msg_value, headers
 
 
 def _relay_into_store(
-    bootstrap: str, source: str, database_url: str, n: int, assigned: Any
+    bootstrap: str, source: str, database_url: str, n: int, assigned: Any, idempotent: bool
 ) -> None:
     settle_after_start_up()  # the service's collector settings: like for like
     consumer = _relay_consumer(bootstrap, source, assigned)
@@ -182,10 +200,28 @@ def _relay_into_store(
                             marshal.dumps(headers),
                         )
                     )
+            if idempotent:
+                _copy_identities(conn, batch)
             conn.commit()  # durable before the offsets move past the batch
             consumer.commit(asynchronous=True)
             stored += len(batch)
     consumer.close()
+
+
+def _copy_identities(conn: psycopg.Connection[Any], batch: list[Any]) -> None:
+    kept_from = now_ms()
+    with (
+        conn.cursor() as cur,
+        cur.copy(
+            "COPY relay_accepted (identity, keep_from_ms, content) FROM STDIN (FORMAT BINARY)"
+        ) as copy,
+    ):
+        copy.set_types(["bytea", "int8", "bytea"])
+        for msg in batch:
+            where = b"%s:%d:%d" % (msg.topic().encode(), msg.partition(), msg.offset())
+            identity = hashlib.blake2b(where, digest_size=16).digest()
+            content = hashlib.blake2b(msg.value() or b"", digest_size=16).digest()
+            copy.write_row((identity, kept_from, content))
 
 
 def _relay_out_of_store(bootstrap: str, database_url: str, n: int) -> None:

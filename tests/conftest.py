@@ -26,6 +26,7 @@ from redrive.local.kafka import LocalKafka
 pytest_plugins = [
     "tests.plugins.scheduling",
     "tests.plugins.leftovers",
+    "tests.plugins.cpu_report",
     "tests.integration.local_stack_harness",
 ]
 

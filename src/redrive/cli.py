@@ -147,14 +147,15 @@ def serve(
 @app.command("serve-worker", hidden=True)
 def serve_worker(parent_pid: int, index: int) -> None:
     """One of the workers `redrive serve` starts (see service/workers.py): its settings
-    come on stdin; it writes the port of its metrics, then runs until its parent is gone
-    or it is signalled."""
+    come on stdin; it writes the port of its metrics, then runs until it is signalled,
+    which it does itself once its parent is gone, from its first moment."""
     from redrive.logs import configure
     from redrive.service.config import ServiceSettings
     from redrive.service.garbage_collection import settle_after_start_up
     from redrive.service.service import RetryService
     from redrive.service.workers import PORT_LINE, watch_parent
 
+    watch_parent(parent_pid)
     settings = ServiceSettings.model_validate_json(sys.stdin.read())
     configure(settings.log_format, fields={"worker": index})
     service = RetryService(settings)
@@ -162,7 +163,6 @@ def serve_worker(parent_pid: int, index: int) -> None:
     settle_after_start_up()
     typer.echo(f"{PORT_LINE}{service.http_port}")
     sys.stdout.flush()
-    watch_parent(parent_pid, service.stop_event)
     raise typer.Exit(service.run_until_signal())
 
 

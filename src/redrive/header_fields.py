@@ -23,10 +23,19 @@ SendTo: TypeAlias = Literal["retry", "dlq"]
 Order: TypeAlias = Literal["key", "behind", "release"]
 """``redrive-order``: what a request is to its key's queue (see :class:`RetryHeaders`)."""
 ORDERS: Final[tuple[Order, ...]] = ("key", "behind", "release")
-GiveUp: TypeAlias = Literal["fatal_error", "attempts_exhausted", "deadline_passed"]
-GIVE_UPS: Final[tuple[GiveUp, ...]] = ("fatal_error", "attempts_exhausted", "deadline_passed")
-"""Why a consumer's policy gave up, as ``redrive-reason-code`` says it: the reason
-codes of :class:`redrive.reasons.DeadLetterReason` a policy decides."""
+GiveUp: TypeAlias = Literal[
+    "fatal_error", "attempts_exhausted", "deadline_passed", "invalid_signature"
+]
+GIVE_UPS: Final[tuple[GiveUp, ...]] = (
+    "fatal_error",
+    "attempts_exhausted",
+    "deadline_passed",
+    "invalid_signature",
+)
+"""Why a consumer gave up on a record, as ``redrive-reason-code`` says it: the reason
+codes of :class:`redrive.reasons.DeadLetterReason` a policy decides, and
+``invalid_signature`` for a return the consumer refused (its redrive headers not
+believed: :mod:`redrive.returns`), which its receiver counts as a refusal."""
 
 REDRIVE_PREFIX: Final = "redrive-"
 
@@ -318,8 +327,9 @@ class RetryHeaders(FailureHistory):
     order kept (the record's key may be overtaken)."""
     reason_code: GiveUp | None = None
     """Why the consumer gave up, for machines (with ``send_to="dlq"`` only): a fatal
-    error, its attempts or its deadline spent. The retry service stores it as the
-    dead letter's reason code; None (a sender that writes none): ``sent_to_dlq``."""
+    error, its attempts or its deadline spent, or a return it refused. The retry
+    service stores it as the dead letter's reason code; None (a sender that writes
+    none): ``sent_to_dlq``."""
     signature: str | None = None
     """``v1:<key id>:<MAC>``, written by a sender that signs (:mod:`redrive.signing`,
     which alone judges it); here only text within its cap. None: unsigned."""

@@ -50,6 +50,9 @@ class PendingRetry:
     """What a repeat of this request has too (:func:`redrive.requests.identity`)."""
     order: Order | None = None
     """``key`` or ``behind`` when the record keeps its key's order (``redrive-order``)."""
+    content: bytes | None = None
+    """What a repeat of it must carry too (:func:`redrive.requests.content_of`): a
+    different request under its identity is a forgery. None: not known."""
 
     @property
     def order_queue(self) -> bytes | None:
@@ -69,6 +72,8 @@ class Release:
     attempt: int
     request: RequestCoordinates
     identity: bytes
+    content: bytes | None = None
+    """As :attr:`PendingRetry.content`."""
 
 
 def order_queue(
@@ -106,3 +111,9 @@ class DeadLetterRecord(FailureHistory):
     identity: bytes | None = None
     """The identity of the request that became this letter; None when it was not a
     request (a record ingested from a dead-letter topic, a retry the scheduler gave up)."""
+    content: bytes | None = None
+    """As :attr:`PendingRetry.content`."""
+    record_missing: bool = False
+    """It names a record it does not hold, and the record could not be read (a share
+    group's letter read after its topic dropped the record): its key, value and
+    headers are unknown, so a replay of it would write an empty record."""

@@ -1,7 +1,15 @@
 """What becomes of one message on the requests topic: request classification.
 
 `classify` turns a request into a PendingRetry, or into a DeadLetterRecord whose
-reason says exactly what was wrong. The retry service's intake and the Spark
+reason says exactly what was wrong.
+
+A header is input, not truth: a request is named by the identity it claims
+(``redrive-id``) only once it is accepted. A refused one (a forged signature, a
+destination not allowed...) is a dead letter under an identity of its own, where it
+was read, unless one of our keys vouches for its sender: a forgery carrying a genuine
+request's id never takes that id from it. Each record also carries its content
+(:func:`content_of`: its key, its value and whether a key of ours vouched for it),
+which a repeat under its identity must carry too. The retry service's intake and the Spark
 scheduler both use it, so a request is judged the same by either. It is pure (the
 allowlist and topic metadata come in as functions), so the catalogue of bad
 requests is tested without a broker, and nothing here can raise on bad input
@@ -15,7 +23,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 from typing import Final
 
 from confluent_kafka import Message
@@ -47,9 +55,13 @@ from redrive.records import (
     RequestCoordinates,
     order_queue,
 )
-from redrive.signing import SignatureCheck, without_signature
+from redrive.signing import Judgement, SignatureCheck, value_digest
 
 SOURCE: Final = "intake"
+FORGED: Final = "invalid signature: a different request under the redrive-id of one accepted before"
+"""Why a request under an accepted identity with other content is refused (a dead
+letter's reason, reason code ``invalid_signature``): the service's and the Spark
+scheduler's words alike."""
 
 
 @dataclass(slots=True)  # not frozen: built once per request, on the hot path
@@ -112,14 +124,22 @@ def classify(
     except HeaderError as error:
         return _dead(msg, None, DeadLetterReason.INVALID_REQUEST, f"invalid request: {error}")
 
-    def dead(code: DeadLetterReason, reason: str) -> DeadLetterRecord:
-        return _dead(msg, request, code, reason)
-
+    judged = _UNJUDGED
+    digest = value_digest(msg.value)  # hashed once: for the signature and the content
     if rules.signatures is not None:
         # First: nothing a request asks is looked at before its sender is known.
-        refused = rules.signatures.refusal(msg.headers, msg.key, msg.value, request.signature)
-        if refused is not None:
-            return dead(DeadLetterReason.INVALID_SIGNATURE, f"invalid signature: {refused}")
+        judged = rules.signatures.judge(
+            msg.headers, msg.key, msg.value, request.signature, value_digest=digest
+        )
+    content = content_of(msg.key, msg.value, vouched=judged.vouched, value_digest=digest)
+
+    def dead(code: DeadLetterReason, reason: str) -> DeadLetterRecord:
+        """A refusal: under the identity it claims only if a key of ours vouches for it."""
+        claimed = identity(request, msg.coordinates) if judged.vouched else None
+        return _dead(msg, request, code, reason, claimed, content)
+
+    if judged.refusal is not None:
+        return dead(DeadLetterReason.INVALID_SIGNATURE, f"invalid signature: {judged.refusal}")
     if request.order is not None:
         refused = _order_problem(request, rules)
         if refused is not None:
@@ -135,6 +155,7 @@ def classify(
                 request.attempt,
                 msg.coordinates,
                 identity(request, msg.coordinates),
+                content,
             )
     if not rules.destination_allowed(request.destination):
         return dead(
@@ -145,10 +166,15 @@ def classify(
         why = f": {request.reason}" if request.reason else ""
         # Why its consumer gave up, if it says (redrive-reason-code): fatal or spent.
         given = request.reason_code
-        return dead(
+        # Not a refusal: the letter its consumer asked for, accepted under its id.
+        return _dead(
+            msg,
+            request,
             DeadLetterReason(given) if given else DeadLetterReason.SENT_TO_DLQ,
             "sent to the dead letters by its consumer "
             f"(redrive-send-to: dlq) after attempt {request.attempt}{why}",
+            identity(request, msg.coordinates),
+            content,
         )
     # A record waiting behind its key's head is delivered as it was written, a
     # tombstone (no value) too: it is part of the key's order.
@@ -190,8 +216,9 @@ def classify(
             f"{request.destination!r} has {partitions} partition(s)",
         )
     where = msg.coordinates
-    # Checked above, or not to be checked: either way not the consumer's to see.
-    headers = msg.headers if request.signature is None else without_signature(msg.headers)
+    # Delivered with its signature: its reader believes its redrive headers only then
+    # (redrive.returns), and the signature names the topic it is delivered to.
+    headers = msg.headers
     return PendingRetry(
         due_ms=request.retry_at,
         destination=request.destination,
@@ -208,7 +235,32 @@ def classify(
         request=where,
         identity=identity(request, where),
         order=request.order,
+        content=content,
     )
+
+
+_UNJUDGED: Final = Judgement(None, vouched=False)
+
+
+def content_of(
+    key: bytes | None,
+    value: bytes | None,
+    *,
+    vouched: bool,
+    value_digest: bytes | None = None,
+) -> bytes:
+    """What two copies of one request share, 16 bytes: the record (its key and value)
+    and whether a key of ours vouched for its sender. A sender's repeat of a hand-off
+    (after a crash, a Spark batch run again) is of the same record, signed again if it
+    was signed; a request under an accepted identity with other content is a forgery
+    (another value, or an unsigned copy of a signed request). ``value_digest``: the
+    value's SHA-256, when the caller has it (:func:`redrive.signing.value_digest`)."""
+    if value is not None and value_digest is None:
+        value_digest = hashlib.sha256(value).digest()
+    parts = [b"v" if vouched else b"u"]
+    parts.append(b"-" if key is None else b"%d:%s" % (len(key), key))
+    parts.append(b"-" if value_digest is None else value_digest)
+    return hashlib.sha256(b"".join(parts)).digest()[:16]
 
 
 def identity(request: RetryHeaders | None, coordinates: RequestCoordinates) -> bytes:
@@ -221,7 +273,7 @@ def identity(request: RetryHeaders | None, coordinates: RequestCoordinates) -> b
     names no original record, or could not be read, where it was read from.
     """
     if request is None:
-        return _read_at(coordinates)
+        return read_at_identity(coordinates)
     if request.id is not None:
         return bytes.fromhex(request.id)
     return failure_identity(
@@ -247,13 +299,26 @@ def failure_identity(
 ) -> bytes:
     """:func:`identity` from a request's fields (a stored row's columns, say)."""
     if topic is None or offset is None:
-        return _read_at(coordinates)
+        return read_at_identity(coordinates)
     return bytes.fromhex(failure_id(group, topic, partition, offset, attempt, release=release))
 
 
-def _read_at(coordinates: RequestCoordinates) -> bytes:
-    where = json.dumps(["request", *coordinates], separators=(",", ":")).encode()
+def read_at_identity(coordinates: RequestCoordinates) -> bytes:
+    """The identity of a request named by nothing it says: where it was read (a refused
+    request, a forgery, one whose headers cannot be read). Read again, it is the same.
+
+    The digest of ``["request",<topic>,<partition>,<offset>]`` as compact JSON (stored
+    identities are of that text: it must not change); the topic's part is encoded once
+    per topic, since ``json.dumps`` of the whole list was the costliest step of taking
+    an identity for each request intake reads."""
+    topic, partition, offset = coordinates
+    where = b"%s,%d,%d]" % (_read_at_prefix(topic), partition, offset)
     return hashlib.blake2b(where, digest_size=16).digest()
+
+
+@lru_cache(maxsize=1024)
+def _read_at_prefix(topic: str) -> bytes:
+    return json.dumps(["request", topic], separators=(",", ":")).encode()[:-1]
 
 
 def _order_problem(request: RetryHeaders, rules: IntakeRules) -> str | None:
@@ -285,10 +350,17 @@ def _text(raw: bytes | None) -> str | None:
 
 
 def _dead(
-    msg: Incoming, request: RetryHeaders | None, code: DeadLetterReason, reason: str
+    msg: Incoming,
+    request: RetryHeaders | None,
+    code: DeadLetterReason,
+    reason: str,
+    claimed: bytes | None = None,
+    content: bytes | None = None,
 ) -> DeadLetterRecord:
     """A dead letter keeping the request whole: raw headers, key, value, coordinates.
 
+    Its identity is ``claimed`` (the request's, once accepted or vouched for), else one
+    of its own: where it was read, which a forgery cannot take from another request.
     When the headers could not be decoded, the columns are filled from what is
     readable, so that operators can still search the letter by topic or error.
     """
@@ -302,7 +374,8 @@ def _dead(
         reason=reason,
         source=SOURCE,
         request=msg.coordinates,
-        identity=identity(request, msg.coordinates),
+        identity=claimed if claimed is not None else read_at_identity(msg.coordinates),
+        content=content,
     )
     if request is not None:
         return letter(

@@ -112,9 +112,16 @@ def _head(name: str) -> bytes | None:
     return head
 
 
-def canonical(headers: Iterable[Header], key: bytes | None, value: bytes | None) -> bytes:
+def canonical(
+    headers: Iterable[Header],
+    key: bytes | None,
+    value: bytes | None,
+    *,
+    value_digest: bytes | None = None,
+) -> bytes:
     """What a signature is a MAC of: each redrive header but the signature (name and
-    value, sorted, so their order does not matter), the key, and the value's SHA-256.
+    value, sorted, so their order does not matter), the key, and the value's SHA-256
+    (``value_digest``, when the caller has it already: :func:`value_digest`).
 
     Raises TypeError for a header value that is not bytes (the sender's mistake);
     :meth:`KeyRing.verify` reads a refusal into it instead.
@@ -148,9 +155,17 @@ def canonical(headers: Iterable[Header], key: bytes | None, value: bytes | None)
             _length(len(entries)),
             *entries,
             _ABSENT if key is None else _field(key),
-            _ABSENT if value is None else _DIGEST_HEAD + hashlib.sha256(value).digest(),
+            _ABSENT
+            if value is None
+            else _DIGEST_HEAD + (value_digest or hashlib.sha256(value).digest()),
         )
     )
+
+
+def value_digest(value: bytes | None) -> bytes | None:
+    """The SHA-256 of a record's value (None: it has none), as :func:`canonical` MACs it:
+    computed once by a receiver that also keeps what a request carries."""
+    return None if value is None else hashlib.sha256(value).digest()
 
 
 def _text(mac: bytes) -> bytes:
@@ -159,14 +174,6 @@ def _text(mac: bytes) -> bytes:
 
 
 _URL_SAFE: Final = bytes.maketrans(b"+/", b"-_")
-
-
-def without_signature(headers: list[Header]) -> list[Header]:
-    """The headers but the signature: what a verified request is delivered with (the
-    signature was checked when it was read, and would say nothing to its consumer)."""
-    if headers and headers[-1][0] == SIGNATURE:  # where signers put it
-        return headers[:-1]
-    return [header for header in headers if header[0] != SIGNATURE]
 
 
 @dataclass(frozen=True)
@@ -178,6 +185,9 @@ class SigningKey:
     _pads: tuple[Any, Any] = field(init=False, repr=False, compare=False)
     """HMAC's inner and outer hashes with the key's pads already absorbed (RFC 2104),
     copied for each MAC: the key is not hashed again for every request."""
+    identity_key: bytes = field(init=False, repr=False, compare=False)
+    """The key of the ids this key's holder seals (:meth:`KeyRing.sealed_id`), derived
+    from the secret so that an id never reveals a MAC made with it."""
 
     def __post_init__(self) -> None:
         if _KEY_ID_RE.fullmatch(self.id) is None:
@@ -196,6 +206,7 @@ class SigningKey:
         inner = hashlib.sha256(block.translate(_IPAD))
         outer = hashlib.sha256(block.translate(_OPAD))
         object.__setattr__(self, "_pads", (inner, outer))
+        object.__setattr__(self, "identity_key", self.mac(_IDENTITY_DOMAIN))
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Hash objects do not pickle (Spark ships the keys to its executors).
@@ -213,6 +224,9 @@ class SigningKey:
 
 
 _BLOCK: Final = 64
+_IDENTITY_DOMAIN: Final = b"redrive-identity-v1"
+_ID_BYTES: Final = 16
+"""A ``redrive-id``'s length in bytes (32 hex characters)."""
 """SHA-256's block size, in bytes."""
 _IPAD: Final = bytes(byte ^ 0x36 for byte in range(256))
 _OPAD: Final = bytes(byte ^ 0x5C for byte in range(256))
@@ -283,6 +297,19 @@ class KeyRing:
     def ids(self) -> tuple[str, ...]:
         return tuple(key.id for key in self.keys)
 
+    def sealed_id(self, plain: str) -> str:
+        """The ``redrive-id`` a holder of this ring writes for a request whose id, made
+        from its fields, is ``plain`` (:func:`redrive.headers.failure_request_id`): a
+        keyed digest of it, as deterministic (a hand-off repeated after a crash has the
+        same), but one that no one without the current key can compute, so that no
+        outsider can send a request under it before the sender does."""
+        try:
+            data = bytes.fromhex(plain)
+        except ValueError:
+            data = plain.encode("utf-8", "surrogatepass")
+        key = self.current.identity_key
+        return hashlib.blake2b(data, digest_size=_ID_BYTES, key=key).hexdigest()
+
     def signature(self, headers: Iterable[Header], key: bytes | None, value: bytes | None) -> str:
         """The ``redrive-signature`` value for a request of these headers, key and value."""
         current = self.current
@@ -302,6 +329,8 @@ class KeyRing:
         key: bytes | None,
         value: bytes | None,
         signature: str | None,
+        *,
+        value_digest: bytes | None = None,
     ) -> Verification:
         """Whether ``signature`` (the request's ``redrive-signature``, None if it has
         none) is this ring's over the rest of the request. Never raises."""
@@ -318,7 +347,7 @@ class KeyRing:
             )
         try:
             given = parts[2].encode("ascii")
-            expected = signing_key.mac(canonical(headers, key, value))
+            expected = signing_key.mac(canonical(headers, key, value, value_digest=value_digest))
         except (ValueError, TypeError, UnicodeError):
             return Verification(Verdict.MALFORMED, "the signature or the headers are unreadable")
         if not hmac.compare_digest(given, _text(expected)):
@@ -355,16 +384,42 @@ class SignatureCheck:
         signature: str | None,
     ) -> str | None:
         """Why the request is refused, or None when it passes."""
+        return self.judge(headers, key, value, signature).refusal
+
+    def judge(
+        self,
+        headers: Iterable[Header],
+        key: bytes | None,
+        value: bytes | None,
+        signature: str | None,
+        *,
+        value_digest: bytes | None = None,
+    ) -> Judgement:
+        """Whether the request passes, and whether a key of ours vouches for it."""
         if self.keys is None:
-            return None
+            return _PASSES
         if signature is None and not self.required:
-            return None
-        found = self.keys.verify(headers, key, value, signature)
+            return _PASSES
+        found = self.keys.verify(headers, key, value, signature, value_digest=value_digest)
         if found.verdict is Verdict.VALID:
-            return None
+            return _VOUCHED
         if self.required or found.verdict is Verdict.MISMATCH:
-            return found.problem
-        return None
+            return Judgement(found.problem, vouched=False)
+        return _PASSES
+
+
+@dataclass(frozen=True, slots=True)
+class Judgement:
+    """What :meth:`SignatureCheck.judge` found of one request."""
+
+    refusal: str | None
+    """Why it is refused; None: it passes."""
+    vouched: bool
+    """Its signature verified with one of our keys: it was written by a holder of one."""
+
+
+_PASSES: Final = Judgement(None, vouched=False)
+_VOUCHED: Final = Judgement(None, vouched=True)
 
 
 # ------------------------------------------------------------------------ loading keys

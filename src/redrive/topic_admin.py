@@ -23,9 +23,14 @@ class MetadataUnavailable(Exception):
 
 
 class TopicMetadata:
-    """Partition counts of topics, cached: a full refresh at most every `ttl_s`, and at
-    most every `miss_refresh_s` when asked about a topic the cache does not know (so a
-    batch of requests for a missing topic costs one metadata request, not one each)."""
+    """Partition counts of topics, cached: a full refresh at most every `ttl_s`.
+
+    A topic the cache does not know is looked up again before it is called missing,
+    unless a refresh at most `miss_refresh_s` ago already found it missing (so a batch
+    of requests for a missing topic costs one metadata request, not one each). A miss
+    is never answered from a refresh made before the topic was first asked about: a
+    topic created a moment after another topic's miss refreshed the cache is found.
+    """
 
     def __init__(self, admin: AdminClient, ttl_s: float = 30.0, miss_refresh_s: float = 1.0):
         self._admin = admin
@@ -33,6 +38,7 @@ class TopicMetadata:
         self._miss_refresh_s = miss_refresh_s
         self._partitions: dict[str, int] = {}
         self._refreshed_at = float("-inf")
+        self._missing: dict[str, float] = {}  # topic: the refresh that found it missing
         self._lock = threading.Lock()
 
     def _refresh(self) -> None:
@@ -46,6 +52,8 @@ class TopicMetadata:
             if topic.error is None
         }
         self._refreshed_at = time.monotonic()
+        oldest = self._refreshed_at - self._miss_refresh_s
+        self._missing = {t: at for t, at in self._missing.items() if at >= oldest}
 
     def partitions_of(self, topic: str) -> int | None:
         """Partitions of `topic`, or None if it does not exist. Raises MetadataUnavailable."""
@@ -54,10 +62,17 @@ class TopicMetadata:
         partitions = self._partitions
         if topic in partitions and time.monotonic() - self._refreshed_at <= self._ttl_s:
             return partitions[topic]
+        asked = time.monotonic()
         with self._lock:
-            age = time.monotonic() - self._refreshed_at
-            if age > self._ttl_s or (topic not in self._partitions and age > self._miss_refresh_s):
+            now = time.monotonic()
+            if now - self._refreshed_at > self._ttl_s:
                 self._refresh()
+            elif topic not in self._partitions and self._refreshed_at < asked:
+                found_missing = self._missing.get(topic)
+                if found_missing is None or now - found_missing > self._miss_refresh_s:
+                    self._refresh()
+            if topic not in self._partitions:
+                self._missing[topic] = self._refreshed_at
             return self._partitions.get(topic)
 
 

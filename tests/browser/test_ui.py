@@ -1,328 +1,37 @@
-"""The web UI in headless Chromium, against the real service, broker and database.
-
-One service for the module, seeded with dead letters (sent to the DLQ by "consumers"
-through the requests topic, and invalid requests) and pending retries. Each scenario
-uses its own error type or key, so tests do not depend on each other's order.
+"""The web UI in headless Chromium, against the real service, broker and database
+(the seeded service of ``conftest.py``: tests/browser/ui_harness.py says what it holds).
 """
 
 from __future__ import annotations
 
 import json
 import re
-import threading
 import time
 import uuid
-from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
-from confluent_kafka.admin import AdminClient, NewTopic
-from playwright.sync_api import Browser, BrowserContext, Page, expect, sync_playwright
+from playwright.sync_api import Browser, BrowserContext, Page, expect
 
 from redrive.deadlines import Deadline
-from redrive.ports import free_port
-from redrive.reasons import DeadLetterReason
-from redrive.records import DeadLetterRecord, RequestCoordinates
-from redrive.service.filters import DeadLetterFilter, PendingFilter
-from redrive.service.operations import Operations
-from redrive.service.service import RetryService
-from redrive.service.store import AuditRecord, DeadLetter, Store
-from redrive.service.web import create_app
-from tests.conftest import wait_for_topics
-from tests.integration.service_harness import (
-    Collector,
-    Delivery,
-    fresh_database,
-    now_ms,
-    produce,
-    request_headers,
-    running_service,
-    settings_for,
+from redrive.service.filters import DeadLetterFilter
+from tests.browser.ui_harness import (
+    XSS_MESSAGE,
+    XSS_VALUE,
+    Ui,
+    audited,
+    confirm,
+    create_topics,
+    dead_request,
+    delivered,
+    sign_in,
+    stored_letter,
 )
+from tests.integration.service_harness import Collector, now_ms, produce, request_headers
 
 pytestmark = pytest.mark.browser
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-XSS_VALUE = "<script>window.__xss = 1</script>"
-XSS_MESSAGE = '<img src=x onerror="window.__xss=2">bad input'
-TRACE = """Traceback (most recent call last):
-  File "/app/shop/consumer.py", line 88, in handle
-    charge(order)
-  File "/app/shop/payments.py", line 41, in charge
-    raise PaymentDeclined(response.code, response.text)
-shop.PaymentDeclined: card declined by issuer (code 51)"""
-
-
-@dataclass
-class Ui:
-    service: RetryService
-    ops: Operations
-    store: Store
-    url: str
-    bootstrap: str
-    orders: str
-    payments: str
-    operator: str
-    viewer: str
-    pending_ids: dict[bytes, int]
-
-    def letter(self, error_type: str) -> DeadLetter:
-        rows, _ = self.ops.dead_letters(DeadLetterFilter(error_type=error_type), limit=10)
-        assert rows, f"no dead letter with error type {error_type}"
-        return rows[0]
-
-
-def _create_topics(bootstrap: str, *prefixes: str) -> list[str]:
-    names = [f"{p}-{uuid.uuid4().hex[:8]}" for p in prefixes]
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for future in admin.create_topics([NewTopic(n, num_partitions=1) for n in names]).values():
-        future.result(timeout=30)
-    wait_for_topics(admin, names)
-    return names
-
-
-def _dead(
-    topic: str, error_type: str, key: bytes | None, value: bytes | None, **kw: Any
-) -> dict[str, Any]:
-    user = kw.pop("user_headers", [("trace-id", b"t-" + (key or b"none"))])
-    offset = kw.pop("offset", 1000 + len(error_type))
-    fields = {
-        "send_to": "dlq",
-        "error_type": error_type,
-        "error_message": kw.pop("message", f"{error_type.rsplit('.', 1)[-1]} while handling"),
-        "reason": kw.pop("reason", "attempts exhausted (5 of 5)"),
-        "group": kw.pop("group", "checkout"),
-        "attempt": kw.pop("attempt", 5),
-        "original_topic": topic,
-        "original_partition": 0,
-        "original_offset": offset,
-        "original_timestamp": now_ms() - 3_600_000,
-        **kw,
-    }
-    return {
-        "key": key,
-        "value": value,
-        "headers": request_headers(topic, now_ms(), user, **fields),
-    }
-
-
-def _seed(ui_topics: tuple[str, str, str], requests_topic: str, bootstrap: str) -> int:
-    """Produce the dead letters and pending retries; returns how many dead letters."""
-    orders, payments, inventory = ui_topics
-    order = json.dumps({"order": 7, "sku": "A-1", "qty": 2, "customer": {"id": 42}}).encode()
-    records = [
-        _dead(
-            orders,
-            "shop.PaymentDeclined",
-            b"order-7",
-            order,
-            message="card declined by issuer (code 51)",
-            error_trace=TRACE,
-            user_headers=[("trace-id", b"trace-7"), ("tenant", b"acme")],
-        ),
-        _dead(orders, "shop.PriceMismatch", b"order-8", b'{"order": 8, "price": 10}'),
-        _dead(orders, "shop.OutOfStock", b"order-9", b'{"order": 9}'),
-        _dead(orders, "shop.Fraud", b"order-10", b'{"order": 10}'),
-        _dead(orders, "shop.NoScript", b"order-11", b'{"order": 11}'),
-        # Came back dead from its third replay: the loop guard quarantines it.
-        _dead(orders, "shop.Looping", b"order-12", b'{"order": 12}', replays=3, replay_of=41),
-        *[
-            _dead(orders, "shop.Timeout", f"order-t{i}".encode(), b'{"slow": true}', offset=i)
-            for i in range(3)
-        ],
-        _dead(
-            orders,
-            "xss.Probe",
-            b"<b>key</b>",
-            XSS_VALUE.encode(),
-            message=XSS_MESSAGE,
-            user_headers=[("note", b"<script>window.__xss = 3</script>")],
-        ),
-        _dead(
-            inventory,
-            "codec.DecodeError",
-            b"\x00\x01sku",
-            bytes(range(48)) + b"\xff\xfe<tail>",
-            message="'utf-8' codec can't decode byte 0xff in position 48",
-            group="inventory-sync",
-        ),
-        _dead(
-            payments,
-            "billing.InvoiceRejected",
-            b"invoice-2024-0042",
-            json.dumps(
-                {
-                    "invoice": "2024-0042",
-                    "lines": [{"sku": "A-1", "amount": "19.90"}, {"sku": "B-7", "amount": "5.00"}],
-                    "currency": "EUR",
-                    "note": "multi\nline",
-                }
-            ).encode(),
-            message="invoice total 24.90 does not match order total 25.90",
-            error_trace=TRACE.replace("PaymentDeclined", "InvoiceRejected"),
-            group="billing",
-            attempt=3,
-            reason="non-retryable error: billing.InvoiceRejected",
-        ),
-        *[
-            _dead(
-                inventory,
-                "json.decoder.JSONDecodeError",
-                f"sku-{i}".encode(),
-                b"{not json",
-                message="Expecting property name enclosed in double quotes: line 1 column 2",
-                group="inventory-sync",
-                offset=500 + i,
-            )
-            for i in range(4)
-        ],
-        {"value": b"a request without redrive headers"},
-        {"value": b"junk", "headers": [("redrive-destination", b"x"), ("redrive-retry-at", b"x")]},
-    ]
-    due = now_ms()
-    pending = [
-        {
-            "key": f"pay-{i}".encode(),
-            "value": json.dumps({"payment": i}).encode(),
-            "headers": request_headers(
-                payments,
-                due + delay_s * 1000,
-                [("trace-id", f"pay-trace-{i}".encode())],
-                group="billing",
-                attempt=i,
-                original_topic=payments,
-                original_partition=0,
-                original_offset=900 + i,
-            ),
-        }
-        for i, delay_s in enumerate((600, 3600, 7200, 86_400), start=1)
-    ]
-    produce(bootstrap, requests_topic, records + pending)
-    return len(records)
-
-
-def _serve(app: Any) -> tuple[uvicorn.Server, threading.Thread, int]:
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
-    )
-    thread = threading.Thread(target=server.run, name="ui-test-http", daemon=True)
-    thread.start()
-    deadline = Deadline(20)
-    while not server.started and not deadline.passed():
-        time.sleep(0.02)
-    assert server.started, "the UI's HTTP server did not start"
-    return server, thread, port
-
-
-@pytest.fixture(scope="module")
-def ui(bootstrap: str, database_url: str) -> Iterator[Ui]:
-    orders, payments, inventory = _create_topics(bootstrap, "orders", "payments", "inventory")
-    settings = settings_for(bootstrap, fresh_database(database_url))
-    with running_service(settings) as service:
-        app = create_app(service)
-        server, thread, port = _serve(app)
-        try:
-            ops, store = service.operations, service.store
-            assert store is not None  # opened by running_service
-            expected = _seed((orders, payments, inventory), settings.requests_topic, bootstrap)
-            deadline = Deadline(60)
-            while not deadline.passed():
-                stats = store.totals()
-                if stats["dead_letters"]["total"] >= expected and stats["pending"]["total"] >= 4:
-                    break
-                time.sleep(0.2)
-            assert store.totals()["dead_letters"]["total"] == expected
-            rows, _ = ops.pending(PendingFilter(), limit=10)
-            yield Ui(
-                service=service,
-                ops=ops,
-                store=store,
-                url=f"http://127.0.0.1:{port}",
-                bootstrap=bootstrap,
-                orders=orders,
-                payments=payments,
-                operator=service.tokens.create("ui-operator", "operator"),
-                viewer=service.tokens.create("ui-viewer", "viewer"),
-                pending_ids={r.msg_key: r.id for r in rows},
-            )
-        finally:
-            server.should_exit = True
-            thread.join(10)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"{CHROMIUM} is missing: run scripts/install-system-deps.sh (apt chromium)")
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
-
-
-@pytest.fixture
-def context(browser: Browser, ui: Ui) -> Iterator[BrowserContext]:
-    ctx = browser.new_context(base_url=ui.url, viewport={"width": 1360, "height": 900})
-    ctx.set_default_timeout(10_000)
-    yield ctx
-    ctx.close()
-
-
-@pytest.fixture
-def page(context: BrowserContext) -> Page:
-    return context.new_page()
-
-
-def sign_in(page: Page, token: str) -> None:
-    page.goto("/login")
-    page.get_by_label("API token").fill(token)
-    page.get_by_role("button", name="Sign in").click()
-    expect(page.locator(".flash-ok")).to_contain_text("Signed in as")
-
-
-def confirm(page: Page, button: str) -> None:
-    dialog = page.locator("dialog#confirm")
-    expect(dialog).to_be_visible()
-    dialog.get_by_role("button", name=button, exact=True).click()
-
-
-def audited(ui: Ui, action: str, letter_id: int, timeout_s: float = 10) -> AuditRecord:
-    """The audit entry of `action` on the letter; waits for it, since a replay job
-    writes its entry when it ends, just after its page shows it done."""
-    deadline = Deadline(timeout_s)
-    while True:
-        entries, _ = ui.ops.audit_log(limit=100)
-        for entry in entries:
-            if entry.action == action and letter_id in entry.ids:
-                return entry
-        if deadline.passed():
-            raise AssertionError(f"no audit entry {action} for {letter_id}: {entries}")
-        time.sleep(0.1)
-
-
-def delivered(collector: Collector, key: bytes, timeout_s: float = 20) -> Delivery:
-    deadline = Deadline(timeout_s)
-    while not deadline.passed():
-        for delivery in collector.poll_until(len(collector.received) + 1, 0.5):
-            if delivery.key == key:
-                return delivery
-    raise AssertionError(f"nothing with key {key!r} arrived on {collector.topic}")
-
-
-# ---------------------------------------------------------------------- tests
 
 
 def test_screenshots_of_every_page(ui: Ui, browser: Browser, page: Page, output_dir: Path) -> None:
@@ -535,10 +244,10 @@ def test_delete_one_and_bulk(ui: Ui, page: Page) -> None:
 def test_replay_job_progress_and_cancel(
     ui: Ui, browser: Browser, page: Page, output_dir: Path
 ) -> None:
-    (topic,) = _create_topics(ui.bootstrap, "slow")
+    (topic,) = create_topics(ui.bootstrap, "slow")
     flt = DeadLetterFilter(error_type="slow.Job")
     letters = [
-        _dead(topic, "slow.Job", f"slow-{i}".encode(), b'{"slow": true}', offset=2000 + i)
+        dead_request(topic, "slow.Job", f"slow-{i}".encode(), b'{"slow": true}', offset=2000 + i)
         for i in range(40)
     ]
     produce(ui.bootstrap, ui.service.settings.requests_topic, letters)
@@ -877,7 +586,7 @@ def _story(ui: Ui, state: str, timeout_s: float = 20, **where: Any) -> dict[str,
 
 
 def test_record_story(ui: Ui, page: Page, output_dir: Path) -> None:
-    (topic,) = _create_topics(ui.bootstrap, "story")
+    (topic,) = create_topics(ui.bootstrap, "story")
     requests = ui.service.settings.requests_topic
     key = b"story-77"
     collector = Collector(ui.bootstrap, topic)
@@ -974,7 +683,7 @@ def test_record_story(ui: Ui, page: Page, output_dir: Path) -> None:
 
 
 def test_record_story_of_a_dead_letter_and_a_pending_retry(ui: Ui, page: Page) -> None:
-    (topic,) = _create_topics(ui.bootstrap, "story")
+    (topic,) = create_topics(ui.bootstrap, "story")
     requests = ui.service.settings.requests_topic
     key = b"story-78"
     collector = Collector(ui.bootstrap, topic)
@@ -1048,23 +757,12 @@ def test_record_story_of_a_dead_letter_and_a_pending_retry(ui: Ui, page: Page) -
 def _grouped_letters(ui: Ui) -> None:
     """30 letters of two failures whose messages differ in ids and numbers."""
     letters = [
-        DeadLetterRecord(
-            topic=ui.orders,
-            key=f"g-{n}".encode(),
-            value=b'{"grouped": true}',
-            headers=[],
-            reason_code=DeadLetterReason.ATTEMPTS_EXHAUSTED,
-            reason="attempts exhausted (5 of 5)",
-            source="intake",
-            attempt=5,
-            request=RequestCoordinates("ui-groups", 0, n),
-            identity=uuid.uuid4().bytes,
-            group="checkout",
-            original_topic=ui.orders,
-            original_partition=0,
-            original_offset=50_000 + n,
-            error_type="groups.GatewayTimeout" if n % 3 else "groups.CardDeclined",
-            error_message=f"gateway {uuid.uuid4()} timed out after {n * 11} ms"
+        stored_letter(
+            ui,
+            f"g-{n}".encode(),
+            50_000 + n,
+            "groups.GatewayTimeout" if n % 3 else "groups.CardDeclined",
+            f"gateway {uuid.uuid4()} timed out after {n * 11} ms"
             if n % 3
             else f"card of customer {n} declined (order order-{n})",
         )
@@ -1161,6 +859,10 @@ def test_a_bulk_replay_preview_and_a_scheduled_job(ui: Ui, page: Page) -> None:
     expect(page.locator(".flash-ok")).to_contain_text("scheduled")
     expect(page.locator("[data-job-state]")).to_have_text("scheduled")
     expect(page.locator("[data-start-at]")).to_contain_text(f"{tomorrow:%Y-%m-%d %H:%M:%S}")
+    expect(page.locator("[data-job-finished]")).to_have_text("not started")
     page.get_by_role("button", name="Cancel job…").click()
     confirm(page, "Cancel job")
     expect(page.locator(".flash-ok")).to_contain_text("cancelled")
+    # Nothing was tried: the bar stays empty, not full.
+    expect(page.locator("[data-job-percent]")).to_have_text("0%")
+    assert page.locator("[data-job-bar]").evaluate("bar => bar.value") == 0

@@ -8,8 +8,9 @@ One handler on topic T with strategy S (blocking, pause, topics, retry-topic, se
 or service-per-group: the service delivering to `<group>.<topic>.retry`), with
 `ordering="key"` if `--ordering key` is given (service, topics, retry-topic), an `async def`
 handler with `--async` (it awaits 0 to 20 ms first, so that records of different
-keys end out of order). What the handler does with a record is said by the end of its
-value:
+keys end out of order; SLOW_S for a value ending in `:slow`, a record still running
+when later ones are done: 6 s, or `REDRIVE_CHAOS_SLOW_S`). What the handler does with
+a record is said by the end of its value:
 
 - `:f<N>`: it fails its first N attempts (a retryable error), then succeeds; with N
   beyond the policy's retries (e.g. `:f9` under `200ms x3`) it never succeeds, and
@@ -47,6 +48,9 @@ from typing import cast
 from redrive import App, Message, RetryTopic, Service, Topics
 from redrive.consumer.strategies import Strategy
 from redrive.logs import configure
+
+SLOW_S = float(os.environ.get("REDRIVE_CHAOS_SLOW_S", "6"))
+"""How long the async handler awaits a value ending in `:slow` before handling it."""
 
 
 class Flaky(Exception):
@@ -151,7 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         record("ok", message, value)
 
     async def handle_async(message: Message) -> None:
-        await asyncio.sleep(random.uniform(0, 0.02))
+        slow = (message.raw_value or b"").endswith(b":slow")
+        await asyncio.sleep(SLOW_S if slow else random.uniform(0, 0.02))
         handle(message)
 
     app = App(

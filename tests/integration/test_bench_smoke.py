@@ -52,6 +52,7 @@ def test_every_benchmark_but_spark_runs_and_reports_its_figures(
         "1 raw Kafka passthrough",
         "2 ceiling: Kafka relay",
         "2 ceiling: relay through PostgreSQL",
+        "2 ceiling: idempotent relay through PostgreSQL",
         "2 service e2e, 1 worker",
         "2 service e2e, 2 workers",
         "2 service e2e, 3 workers",

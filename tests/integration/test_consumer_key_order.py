@@ -8,6 +8,7 @@ keeper of the lines: the retry service (``service``), the tier topics (``topics`
 from __future__ import annotations
 
 import asyncio
+import base64
 import threading
 import time
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from typing import Any
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from redrive import App, Message, RetryTopic, Service, Topics
+from redrive import App, KeyRing, Message, RetryTopic, Service, Topics
 from redrive.errors import ConfigError
 from redrive.topic_names import per_group_retry_topic
 from tests.integration.consumer_harness import (
@@ -31,6 +32,9 @@ from tests.integration.consumer_harness import (
 from tests.integration.service_harness import produce
 
 pytestmark = pytest.mark.integration
+
+SIGNING = KeyRing.from_settings([f"k1={base64.b64encode(bytes([5]) * 32).decode()}"])
+"""The keys of the signed Apps: their key lines read back must verify."""
 
 
 class Flaky(Exception):
@@ -204,7 +208,8 @@ def _app(
     per_group_topic: bool = False,
 ) -> App:
     """Dead letters go to the service with every strategy (the test reads them there);
-    the tier topics keep key lines only with transactions."""
+    the tier topics keep key lines only with transactions. ``"topics, signed"``: with
+    signing keys, so that its tier records and key lines are signed and verified."""
     lines_in_tiers = strategy != "service"
     app = App(
         bootstrap,
@@ -212,6 +217,7 @@ def _app(
         requests_topic=requests_topic,
         transactional=lines_in_tiers,
         commit_interval_s=0.2,
+        signing=SIGNING if strategy.endswith(", signed") else None,
     )
     ordered = (
         Service(ordering="key", per_group_topic=per_group_topic)
@@ -222,7 +228,7 @@ def _app(
     return app
 
 
-@pytest.mark.parametrize("strategy", ["service", "topics"])
+@pytest.mark.parametrize("strategy", ["service", "topics", "topics, signed"])
 def test_held_keys_survive_a_restart_and_a_dead_letter_lets_the_rest_go(
     strategy: str, bootstrap: str, database_url: str, new_topic: Callable[..., str]
 ) -> None:
@@ -257,6 +263,9 @@ def test_held_keys_survive_a_restart_and_a_dead_letter_lets_the_rest_go(
             assert [c.attempt for c in calls.items if c.value == b"k1"] == [1, 2, 3, 4]
             assert _handled(calls, b"x", succeeded) == [b"x1", b"x2"]
             assert outcome_count(again, topic, "dead_lettered") == 1
+            # Its own key lines and tier records, signed or not, were believed.
+            assert outcome_count(again, topic, "bookkeeping_ignored") == 0
+            assert outcome_count(again, topic, "refused") == 0
         # Stored once the service's intake has read it.
         assert wait_for(lambda: len(service.store.dead_letters(limit=10)) == 1, 20)
         [letter] = service.store.dead_letters(limit=10)

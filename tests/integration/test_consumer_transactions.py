@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from redrive import App, Message
+from tests.chaos.hand_offs import counted, read_hand_offs, repeated
 from tests.chaos.harness import AppProcess
 from tests.integration.consumer_harness import Calls, running_app, wait_for
 from tests.integration.service_harness import Collector, produce
@@ -146,3 +147,72 @@ def test_an_app_killed_mid_retry_hands_each_failure_off_exactly_once(
     assert twice == {}, f"{len(twice)} failures handed off more than once"
     assert set(handed) == {v.encode() for v in values}, "a failure was never handed off"
     assert app.early() == 0
+
+
+def test_an_async_app_killed_while_its_first_record_runs_puts_nothing_behind_twice(
+    bootstrap: str, new_topic: Callable[..., str], tmp_path: Path
+) -> None:
+    """The moment the key-order chaos case hit once in eight runs, made to happen: a
+    restarted async App's first record of a partition still runs (`:slow`) while the
+    later records of a held key are put behind, and a commit makes those hand-offs
+    visible; the App is killed before that record ends. The commit must have carried
+    the partition's offsets naming the records put behind (a partition has a position
+    from its first record read, not from its first record done): the next run skips
+    them instead of putting them behind a second time."""
+    topic = new_topic("txn-first")
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    requests = f"requests-{uuid.uuid4().hex[:8]}"
+    app = AppProcess(
+        bootstrap,
+        topic,
+        "service",
+        group,
+        requests,
+        tmp_path,
+        policy="200ms x3",
+        instance_id="txn-first-0",
+        transactional=True,
+        ordering="key",
+        async_handler=True,
+    )
+
+    def log_of_run() -> str:
+        return (tmp_path / f"app-service-{app.runs}.log").read_text(errors="replace")
+
+    def behind() -> int:
+        return sum(h.kind == "behind" for h in read_hand_offs(bootstrap, requests))
+
+    app.start()
+    try:
+        # Run 1: key a's record fails (its retry to the service, which is not running):
+        # key a is held. A clean stop commits past it.
+        produce(bootstrap, topic, [{"key": b"a", "value": b"a:00:f1"}])
+        assert wait_for(lambda: '"handler failed"' in log_of_run(), 60), app.log_tail()
+        assert app.terminate() == 0, app.log_tail()
+        # Run 2 reads from there: the slow record first, then three of key a.
+        produce(
+            bootstrap,
+            topic,
+            [{"key": b"s", "value": b"s:01:slow"}]
+            + [{"key": b"a", "value": f"a:{seq:02d}".encode()} for seq in (2, 3, 4)],
+        )
+        app.start()
+        assert wait_for(lambda: behind() == 3, 60), app.log_tail()  # committed
+        assert "s:01:slow" not in {e["value"] for e in app.events()}, "it ended already"
+        app.kill()
+        # Run 3: from the committed position, the slow record again and then key a's.
+        app.start()
+        assert wait_for(
+            lambda: (
+                log_of_run().count("record dealt with before skipped")
+                + log_of_run().count("record waits behind its key's retry")
+                >= 3
+            ),
+            60,
+        ), app.log_tail()
+    finally:
+        code = app.terminate()
+    assert code == 0, app.log_tail()
+    twice = repeated(counted(read_hand_offs(bootstrap, requests)))
+    assert twice == {}, f"put behind again after the kill: {twice}"
+    assert behind() == 3

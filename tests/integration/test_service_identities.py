@@ -1,7 +1,8 @@
 """The store as an idempotent receiver, on a real PostgreSQL: a request whose identity
 was accepted before is dropped, whatever became of its first copy, for as long as the
 identity is kept; a store upgraded from before identities were kept has them for what
-it already held.
+it already held. Another request under an accepted identity (other content) is not a
+repeat but a forgery: a dead letter under an identity of its own.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pytest
 
 from redrive.reasons import DeadLetterReason
 from redrive.records import DeadLetterRecord, PendingRetry, Release, RequestCoordinates
-from redrive.requests import failure_identity
+from redrive.requests import Incoming, content_of, failure_identity, read_at_identity
 from redrive.service.migrations import migrate
 from redrive.service.store import Settlement, Store, Stored
 from redrive.service.store.identity_backfill import AFTER
@@ -224,3 +225,80 @@ def test_an_upgraded_store_knows_the_identities_of_what_it_held(database_url: st
         assert stored.inserted == 0 and stored.repeats == repeats
     finally:
         store.close()
+
+
+def _content(value: bytes, *, vouched: bool = True) -> bytes:
+    return content_of(b"k", value, vouched=vouched)
+
+
+def test_another_request_under_an_accepted_identity_is_a_forgery_of_its_own(
+    store: Store,
+) -> None:
+    """Same identity, other content: refused as a letter under where it was read, in
+    the batch's transaction; the accepted request stays; read again, it is a repeat."""
+    url = store.pool.conninfo
+    genuine = dataclasses.replace(_retry(7, read_at=0), content=_content(b"7"))
+    assert _insert(store, [genuine]).inserted == 1
+    forged = dataclasses.replace(
+        genuine, value=b"forged", request=genuine.request._replace(offset=1), content=_content(b"f")
+    )
+    copy = dataclasses.replace(genuine, request=genuine.request._replace(offset=2))
+    stored = _insert(store, [forged, copy])
+    assert stored.inserted == 0 and stored.repeats == [copy] and stored.forged == [forged]
+    [letter] = stored.forgeries
+    assert letter.reason_code is DeadLetterReason.INVALID_SIGNATURE
+    assert letter.reason.startswith("invalid signature: a different request under the redrive-id")
+    assert letter.identity == read_at_identity(forged.request) != genuine.identity
+    assert (letter.value, letter.topic, letter.original_offset) == (b"forged", "orders", 7)
+    assert stored.letters([]) == [letter]
+    # Read again (intake stopped before its commit): a repeat of the forgery's letter.
+    again = _insert(store, [forged])
+    assert again.forgeries == [] and [r.identity for r in again.repeats] == [letter.identity]
+    assert _count(url, "redrive_dead_letters") == 1
+    with store.claim_due(now_ms=now_ms(), limit=100) as claim:
+        assert [row.value for row in claim.rows] == [b"7"]
+
+
+def test_in_one_batch_the_first_read_is_accepted_and_another_after_it_is_forged(
+    store: Store,
+) -> None:
+    first = dataclasses.replace(_retry(7, read_at=3), content=_content(b"7"))
+    # Listed first, read after: the order read decides, not the order given.
+    later = dataclasses.replace(
+        first, value=b"f", request=first.request._replace(offset=4), content=_content(b"f")
+    )
+    letter = dataclasses.replace(_letter(first, read_at=5), content=_content(b"7"))
+    stored = _insert(store, [later, first], [letter])
+    assert stored.inserted == 1 and stored.forged == [later] and stored.repeats == [letter]
+    with store.claim_due(now_ms=now_ms(), limit=100) as claim:
+        assert [row.value for row in claim.rows] == [b"7"]
+
+
+def test_an_identity_accepted_before_contents_were_kept_takes_any_copy_as_a_repeat(
+    store: Store,
+) -> None:
+    old = _retry(7, read_at=0)  # content None: stored by an older intake
+    assert old.content is None and _insert(store, [old]).inserted == 1
+    other = dataclasses.replace(
+        old, value=b"other", request=old.request._replace(offset=1), content=_content(b"o")
+    )
+    stored = _insert(store, [other])
+    assert stored.repeats == [other] and stored.forged == []
+
+
+def test_a_forged_release_is_a_letter_keeping_its_message(store: Store) -> None:
+    url = store.pool.conninfo
+    head = dataclasses.replace(_retry(7), order="key", content=_content(b"7"))
+    queue = head.order_queue
+    assert queue is not None and _insert(store, [head]).inserted == 1
+    where = RequestCoordinates("redrive.requests", 0, 1)
+    same = failure_identity(GROUP, "orders", 0, 7, 1, where, release=True)
+    genuine = Release(queue, 7, 1, where, same, content_of(b"k", None, vouched=True))
+    assert _insert(store, [], releases=[genuine]).repeats == []
+    forged_at = RequestCoordinates("redrive.requests", 0, 2)
+    forged = Release(queue, 7, 1, forged_at, same, content_of(b"k", None, vouched=False))
+    message = Incoming(forged_at.topic, 0, 2, b"k", None, [("redrive-order", b"release")])
+    stored = store.insert_batch([], [], [forged], now_ms=now_ms(), read=[message])
+    [letter] = stored.forgeries
+    assert (letter.key, letter.headers, letter.request) == (b"k", message.headers, forged_at)
+    assert _count(url, "redrive_dead_letters") == 1

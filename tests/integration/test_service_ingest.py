@@ -153,6 +153,7 @@ def env(bootstrap: str, database_url: str) -> Iterator[Env]:
     original = _topic(bootstrap, "ingest-orders", partitions=3)
     dlqs = {case.format: _topic(bootstrap, f"ingest-{case.format}-dlq") for case in CASES}
     dlqs["twice"] = _topic(bootstrap, "ingest-twice-dlq")  # never replayed
+    dlqs["late"] = f"ingest-late-dlq-{uuid.uuid4().hex[:10]}"  # created after start-up
     settings = settings_for(
         bootstrap,
         fresh_database(database_url),
@@ -163,6 +164,7 @@ def env(bootstrap: str, database_url: str) -> Iterator[Env]:
             {"topic": dlqs["raw"], "format": "raw"},
             *({"topic": dlqs[f], "format": "auto"} for f in ("spring", "connect", "redrive")),
             {"topic": dlqs["twice"], "format": "spring"},
+            {"topic": dlqs["late"], "format": "redrive"},
         ],
     )
     with running_service(settings) as service:
@@ -270,3 +272,23 @@ def test_a_record_read_twice_is_one_dead_letter(env: Env) -> None:
         assert not sample("redrive_dead_letters_ingested_total")
     assert len(dead_letters(env.service.database_url)) == before
     assert len(listed(env, ingested_from=dlq)) == 1
+
+
+def test_a_dead_letter_topic_created_after_start_up_is_read_within_seconds(env: Env) -> None:
+    """As a share group's broker DLQ, or a Spring DLT, is created on first use: the
+    service, already running, reads its first letter within seconds (a metadata
+    refresh of its own, not librdkafka's five minutes)."""
+    late = env.dlqs["late"]
+    assert listed(env, ingested_from=late) == []
+    admin = AdminClient({"bootstrap.servers": env.bootstrap})
+    admin.create_topics([NewTopic(late, num_partitions=1)])[late].result(timeout=30)
+    produce(
+        env.bootstrap,
+        late,
+        [{"key": KEY, "value": VALUE, "headers": redrive_headers(env.original)}],
+    )
+    deadline = Deadline(10)
+    while not (found := listed(env, ingested_from=late)) and not deadline.passed():
+        time.sleep(0.2)
+    assert len(found) == 1, f"not ingested within {deadline.describe()}"
+    assert found[0]["error_type"] == "billing.Timeout"

@@ -30,6 +30,7 @@ HEADERS: list[tuple[str, bytes | None]] = [("trace-id", b"\x00\xffabc"), ("empty
 class Env:
     bootstrap: str
     api: httpx.Client
+    operator: dict[str, str]
     original: str
     dlq: str
 
@@ -54,7 +55,8 @@ def env(bootstrap: str, database_url: str) -> Iterator[Env]:
         running_service(settings) as service,
         httpx.Client(base_url=f"http://127.0.0.1:{service.http_port}", timeout=30) as api,
     ):
-        yield Env(bootstrap, api, original, dlq)
+        operator = {"Authorization": f"Bearer {service.tokens.create('olga', 'operator')}"}
+        yield Env(bootstrap, api, operator, original, dlq)
 
 
 def _letter_for(env: Env, partition: int, offset: int) -> dict[str, Any]:
@@ -91,13 +93,19 @@ def _produced(env: Env, key: bytes, value: bytes) -> tuple[int, int]:
     return 1, before
 
 
-def _high(env: Env) -> int:
+def _high(env: Env, partition: int = 1) -> int:
     consumer = Consumer({"bootstrap.servers": env.bootstrap, "group.id": "unused"})
     try:
-        _, high = consumer.get_watermark_offsets(TopicPartition(env.original, 1), timeout=10)
+        tp = TopicPartition(env.original, partition)
+        _, high = consumer.get_watermark_offsets(tp, timeout=10)
         return int(high)
     finally:
         consumer.close()
+
+
+def _written(env: Env) -> int:
+    """Records in the original topic, both partitions."""
+    return _high(env, 0) + _high(env, 1)
 
 
 def test_a_letter_without_its_record_gets_it_from_its_topic(env: Env) -> None:
@@ -128,3 +136,43 @@ def test_a_letter_whose_record_is_gone_says_so(env: Env) -> None:
         f"; the record is no longer in {env.original}[1]@{offset}: "
         "its key, value and headers are unknown"
     )
+
+
+def test_a_letter_whose_record_is_gone_is_never_replayed_as_an_empty_record(env: Env) -> None:
+    """Refused alone (409) unless a value is given, skipped by a job with why, and
+    counted as skipped by both dry runs: nothing is written to its topic until the
+    operator gives the value."""
+    partition, offset = _produced(env, b"k-3", b"gone before it was read")
+    admin = AdminClient({"bootstrap.servers": env.bootstrap})
+    [future] = admin.delete_records([TopicPartition(env.original, partition, offset + 1)]).values()
+    future.result(timeout=30)
+    letter = _letter_for(env, partition, offset)
+    assert letter["record_missing"] is True
+    letter_id, before = letter["id"], _written(env)
+    one = f"/api/v1/dead-letters/{letter_id}/replay"
+
+    refused = env.api.post(one, json={}, headers=env.operator)
+    assert refused.status_code == 409, refused.text
+    assert "its record is unknown" in refused.json()["detail"]
+    dry = env.api.post(f"{one}/dry-run", json={}, headers=env.operator).json()
+    assert dry["would_send"] == 0
+    assert [s["dead_letter_id"] for s in dry["skipped"]] == [letter_id]
+    many = {"ids": [letter_id]}
+    dry = env.api.post("/api/v1/dead-letters/replay/dry-run", json=many, headers=env.operator)
+    assert dry.json()["would_send"] == 0 and len(dry.json()["skipped"]) == 1
+
+    started = env.api.post("/api/v1/dead-letters/replay", json=many, headers=env.operator)
+    assert started.status_code == 202, started.text
+    job_url = "/api/v1/jobs/" + str(started.json()["job"]["id"])
+    deadline = Deadline(30)
+    while (job := env.api.get(job_url, headers=env.operator).json())["state"] == "running":
+        assert not deadline.passed(), f"the job did not end: {job}"
+        time.sleep(0.2)
+    assert (job["state"], job["sent"], job["skipped"]) == ("done", 0, 1)
+    assert "its record is unknown" in job["failures"][0]["error"]
+    assert _written(env) == before, "nothing written for a letter without its record"
+
+    given = {"value": {"text": "rebuilt by the operator"}}
+    replayed = env.api.post(one, json=given, headers=env.operator)
+    assert replayed.status_code == 200, replayed.text
+    assert _written(env) == before + 1

@@ -2,23 +2,28 @@
 waiting behind it, claimed together and marked with their run; a record of a run that
 fails again holds the rest of the run again behind its new attempt; a run stops before
 a record not due, and at its cap; a record acknowledged out of its run's order is not
-counted delivered, and goes again in the next run.
+counted delivered, and goes again in the next run; a run's records say where they go,
+and are signed again when their requests were signed with the service's keys.
 """
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import time
 from collections.abc import Iterator
 
 import pytest
 
-from redrive.headers import RUN
+from redrive.headers import DESTINATION, PARTITION, RUN, SIGNATURE, RetryHeaders, encode
 from redrive.records import PendingRetry, Release, RequestCoordinates
 from redrive.requests import failure_identity
+from redrive.returns import signature_of
+from redrive.service.scheduler import sign_again
 from redrive.service.store import Settlement, Store
 from redrive.service.store.claims import ClaimedRetry
 from redrive.service.store.key_queues import RUN_MOST
+from redrive.signing import KeyRing, Verdict
 from tests.integration.service_harness import fresh_database, now_ms
 
 pytestmark = pytest.mark.integration
@@ -208,3 +213,52 @@ def test_heads_past_a_claims_room_wait_for_the_next_claim_rather_than_go_alone(
     first = deliver(store, limit=3)
     assert values(first) == [str(o).encode() for o in [*range(7), *range(10, 17)]]
     assert values(deliver(store, limit=3)) == [b"20", b"21"]
+
+
+def test_a_run_names_where_it_goes_and_is_signed_again_when_its_request_was(
+    store: Store,
+) -> None:
+    """A record behind a head that now goes elsewhere (its route moved its retries)
+    says where it is delivered, as its reader checks; and each record of a run, whose
+    mark changed what its request's signature was made over, is signed again with the
+    key of the service's its request was signed with (its sender holds that one, in a
+    rotation too): but only one whose request our keys signed."""
+    new, old = (f"{i}={base64.b64encode(i.encode() * 16).decode()}" for i in ("k2", "k1"))
+    keys, previous = KeyRing.from_settings([new, old]), KeyRing.from_settings([old])
+    stranger = KeyRing.from_settings([f"k9={base64.b64encode(b'x' * 32).decode()}"])
+
+    def signed(row: PendingRetry, ring: KeyRing | None) -> PendingRetry:
+        request = RetryHeaders(destination=row.destination, retry_at=0, partition=row.partition)
+        headers = encode(request, [("trace", b"t")])
+        if ring is not None:
+            headers = ring.signed(headers, row.key, row.value)
+        return dataclasses.replace(row, headers=headers)
+
+    a, b, c, d = (Requests(key) for key in (b"a", b"b", b"c", b"d"))
+    moved = dataclasses.replace(a.behind(11), destination="orders.old", partition=None)
+    store_all(
+        store,
+        [
+            signed(a.retry(10), keys),
+            signed(moved, keys),
+            signed(b.retry(20), None),
+            signed(c.retry(30), stranger),
+            signed(d.retry(40), previous),
+        ],
+    )
+    rows = {r.value: r for r in deliver(store)}
+    behind = rows[b"11"]
+    assert (behind.destination, behind.partition) == ("orders", 0)
+    told = dict(behind.headers)
+    assert (told[DESTINATION], told[PARTITION]) == (b"orders", b"0")
+    assert behind.as_stored is not None and dict(behind.as_stored)[DESTINATION] == b"orders.old"
+    before = {value: list(row.headers) for value, row in rows.items()}
+    sign_again(list(rows.values()), keys)
+    for value, key_id in ((b"10", "k2"), (b"11", "k2"), (b"40", "k1")):
+        row = rows[value]
+        assert row.headers[-1][0] == SIGNATURE and dict(row.headers)[RUN] is not None
+        signature = signature_of(row.headers)
+        assert signature is not None and signature.split(":")[1] == key_id
+        assert keys.verify(row.headers, row.key, row.value, signature).verdict is Verdict.VALID
+    # Unsigned, or signed with a key not ours: the service vouches for neither.
+    assert rows[b"20"].headers == before[b"20"] and rows[b"30"].headers == before[b"30"]

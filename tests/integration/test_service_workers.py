@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import psutil
@@ -13,6 +15,7 @@ import pytest
 from confluent_kafka.admin import AdminClient
 
 from redrive.errors import ConfigError
+from redrive.service.migrations import _LOCK_ID
 from redrive.service.workers import Worker
 from tests.integration.consumer_harness import wait_for
 from tests.integration.service_harness import (
@@ -119,3 +122,51 @@ def test_a_worker_that_cannot_start_stops_start_up_naming_the_setting(
         worker.wait_started()
     assert refused.value.setting == "workers (REDRIVE_WORKERS)"
     assert "worker 1 ended before it started (exit code 2)" in refused.value.problem
+
+
+# A `redrive serve` reduced to what matters here: it starts one worker and waits.
+PARENT = """
+import sys, time
+from redrive.service.config import ServiceSettings
+from redrive.service.workers import Worker
+Worker(ServiceSettings.model_validate_json(sys.stdin.read()), 1)
+time.sleep(600)
+"""
+
+
+def test_a_worker_whose_parent_is_killed_while_it_starts_stops(
+    bootstrap: str, database_url: str
+) -> None:
+    url = fresh_database(database_url)
+    settings = settings_for(bootstrap, url, workers=2)
+    with psycopg.connect(url, autocommit=True) as holder:
+        # The schema's migration lock held: the worker's start-up waits for it.
+        holder.execute("SELECT pg_advisory_lock(%s)", (_LOCK_ID,))
+        parent = subprocess.Popen([sys.executable, "-c", PARENT], stdin=subprocess.PIPE, text=True)
+        worker: psutil.Process | None = None
+        try:
+            assert parent.stdin is not None
+            parent.stdin.write(settings.model_dump_json())
+            parent.stdin.close()
+
+            def waiting_for_the_lock() -> bool:
+                row = holder.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory'"
+                ).fetchone()
+                return row is not None and row[0] == 1
+
+            wait_until(waiting_for_the_lock, 60, "the worker waits for the migration lock")
+            [worker] = psutil.Process(parent.pid).children()
+            assert "serve-worker" in worker.cmdline()
+            parent.kill()
+            parent.wait(10)
+            wait_until(
+                lambda: not worker.is_running() or worker.status() == "zombie",
+                30,
+                "the starting worker ends once its parent is gone",
+            )
+        finally:
+            parent.kill()
+            parent.wait(10)
+            if worker is not None and worker.is_running():
+                worker.kill()

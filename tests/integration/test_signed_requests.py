@@ -4,7 +4,8 @@ Forged requests (none, a wrong signature, a valid signature over changed headers
 signed request replayed with another value, a key it does not list) each become a dead
 letter with reason ``invalid_signature``, and the destination topic, read to its end,
 holds nothing of them; requests signed by a real App with the docs' example, and one
-signed with the previous key still listed (a rotation), are delivered.
+signed with the previous key still listed (a rotation), are delivered, each with its
+request's signature, which a reader holding the keys verifies.
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Message, TopicPartition
 
 from redrive import App, KeyRing
-from redrive.headers import SIGNATURE
+from redrive.headers import SIGNATURE, read_delivery_headers
 from redrive.kafka import consume_available
+from redrive.returns import ReturnCheck
 from tests.integration.consumer_harness import outcome_count, running_example, wait_for
 from tests.integration.service_harness import (
     dead_letters,
@@ -58,18 +60,29 @@ def signing_example(replacements: dict[str, str]) -> str:
     return block
 
 
-def read_to_end(bootstrap: str, topic: str) -> list[bytes | None]:
-    """The keys of every record of ``topic`` (one partition), up to its end."""
+def read_to_end(bootstrap: str, topic: str) -> list[Message]:
+    """Every record of ``topic`` (one partition), up to its end."""
     consumer = Consumer(
         {"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex, "enable.auto.commit": False}
     )
     _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
     consumer.assign([TopicPartition(topic, 0, 0)])
-    keys: list[bytes | None] = []
-    while len(keys) < high:
-        keys += [m.key() for m in consume_available(consumer, 500, 0.5) if m.error() is None]
+    records: list[Message] = []
+    while len(records) < high:
+        records += [m for m in consume_available(consumer, 500, 0.5) if m.error() is None]
     consumer.close()
-    return keys
+    return records
+
+
+def believed(topic: str, record: Message) -> bool:
+    """Whether a reader holding the service's keys believes a delivery's redrive
+    headers: it carries its request's signature, which names where it went."""
+    headers = list(record.headers() or [])
+    delivery = read_delivery_headers(headers)
+    assert delivery is not None
+    read_on = (topic, record.partition() or 0)
+    check = ReturnCheck(KeyRing.from_settings([NEW, OLD]))
+    return check.doubt(headers, record.key(), record.value(), delivery, read_on, topic) is None
 
 
 def test_forged_requests_are_dead_letters_and_signed_ones_are_delivered(
@@ -103,7 +116,9 @@ def test_forged_requests_are_dead_letters_and_signed_ones_are_delivered(
         ),
     }
     keys_file = tmp_path / "signing-keys"
-    keys_file.write_text(f"# the senders' keys\n{NEW}\n")
+    # Rolled to the new key; the old one stays after it (step 2 of a rotation): the App
+    # reads back deliveries of requests signed with it, which carry their signature.
+    keys_file.write_text(f"# the senders' keys\n{NEW}\n{OLD}\n")
     source = signing_example(
         {
             '"localhost:9092"': repr(bootstrap),
@@ -157,6 +172,10 @@ def test_forged_requests_are_dead_letters_and_signed_ones_are_delivered(
     assert "not one of ours" in reasons[b"forged-unknown-key"]
     assert "does not match" in reasons[b"forged-replayed"]
     assert refused == len(forged)
-    delivered = read_to_end(bootstrap, topic)
+    records = read_to_end(bootstrap, topic)
+    delivered = [r.key() for r in records]
     assert not [k for k in delivered if k is not None and k.startswith(b"forged")]
     assert sorted(delivered) == sorted([b"p-0", b"p-1", b"p-2"] * 2 + [b"old-key"])
+    # The service's deliveries (the records with redrive headers) keep their signature.
+    retries = [r for r in records if read_delivery_headers(r.headers()) is not None]
+    assert len(retries) == 4 and all(believed(topic, r) for r in retries)

@@ -4,7 +4,20 @@ combinations', not the calls'."""
 
 from __future__ import annotations
 
-from redrive import App, Blocking, Breaker, Message, Pause, RetryTopic, Service, Topics
+from redrive import (
+    App,
+    Blocking,
+    Breaker,
+    KeyRing,
+    Message,
+    Pause,
+    RefuseAndCount,
+    RefuseToDeadLetters,
+    RetryTopic,
+    Service,
+    ShareApp,
+    Topics,
+)
 
 
 def handle(message: Message) -> None:
@@ -26,3 +39,8 @@ app.add_handler("f", handle, strategy=Service(ordering="key"), policy="2s x5")
 app.add_handler("g", handle, strategy="pause")
 app.add_batch_handler("h", handle_batch, strategy=Topics())
 app.add_batch_handler("i", handle_batch, strategy="service", max_records=100)
+
+keys = KeyRing.from_settings(files=["/etc/redrive/signing-keys"])
+App("localhost:9092", group="billing", signing=keys, returns=RefuseToDeadLetters())
+App("localhost:9092", group="billing", signing=keys, returns=RefuseAndCount(trust_unsigned=True))
+ShareApp("localhost:9092", group="billing", signing=keys, returns=RefuseAndCount())

@@ -8,7 +8,17 @@ Not imported by anything: registering these would raise at run time too.
 
 from __future__ import annotations
 
-from redrive import App, Blocking, Breaker, Message, Pause, RetryTopic, Service, Topics
+from redrive import (
+    App,
+    Blocking,
+    Breaker,
+    Message,
+    Pause,
+    RefuseAndCount,
+    RetryTopic,
+    Service,
+    Topics,
+)
 
 
 def handle(message: Message) -> None:
@@ -69,3 +79,9 @@ app.add_batch_handler("o", handle_batch, strategy="pause")
 
 # refused: a breaker that is none
 app.add_handler("p", handle, strategy=Pause(breaker=5))
+
+# refused: a rule for refused returns that is none
+App("localhost:9092", group="billing", returns="dead-letter")
+
+# refused: a rollout option that is not True or False
+App("localhost:9092", group="billing", returns=RefuseAndCount(trust_unsigned="yes"))

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 
 import pytest
 from hypothesis import given, settings
@@ -17,7 +19,14 @@ from redrive.records import (
     RequestCoordinates,
     order_queue,
 )
-from redrive.requests import Incoming, IntakeRules, classify, identity
+from redrive.requests import (
+    Incoming,
+    IntakeRules,
+    classify,
+    content_of,
+    identity,
+    read_at_identity,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -213,6 +222,7 @@ def test_a_release_names_its_key_queue_and_head() -> None:
         0,
         incoming([]).coordinates,
         bytes.fromhex(released),
+        content_of(b"k", None, vouched=False),
     )
 
 
@@ -273,3 +283,19 @@ def test_an_ordered_request_without_its_queue_or_where_none_is_kept_is_refused()
     refused = classify(incoming(_ordered("key", 1)), spark, NOW)
     assert isinstance(refused, DeadLetterRecord)
     assert "needs the retry service" in refused.reason
+
+
+@given(
+    st.text(max_size=249),
+    st.integers(min_value=0, max_value=2**31 - 1),
+    st.integers(min_value=0, max_value=2**63 - 1),
+)
+def test_an_identity_taken_where_a_request_was_read_is_the_digest_stored_before(
+    topic: str, partition: int, offset: int
+) -> None:
+    """Stored identities are digests of this JSON text: repeats read after an upgrade
+    are still known, whatever the topic's characters."""
+
+    text = json.dumps(["request", topic, partition, offset], separators=(",", ":")).encode()
+    expected = hashlib.blake2b(text, digest_size=16).digest()
+    assert read_at_identity(RequestCoordinates(topic, partition, offset)) == expected

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from redrive.errors import ConfigError
 from redrive.headers import ALL_HEADERS, SIGNATURE, RetryHeaders, decode, encode
 from redrive.reasons import DeadLetterReason
-from redrive.records import DeadLetterRecord, PendingRetry
-from redrive.requests import Incoming, IntakeRules, classify
+from redrive.records import DeadLetterRecord, PendingRetry, RequestCoordinates
+from redrive.requests import Incoming, IntakeRules, classify, identity, read_at_identity
 from redrive.signing import (
     KeyRing,
     SignatureCheck,
@@ -67,7 +67,7 @@ def verdict(ring: KeyRing, headers: list, key: bytes | None, value: bytes | None
     return ring.verify(headers, key, value, text).verdict
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)
 @given(header_lists, payloads, payloads)
 def test_a_signed_request_verifies_in_any_order(headers, key, value) -> None:
     signed = RING.signed(headers, key, value)
@@ -76,7 +76,7 @@ def test_a_signed_request_verifies_in_any_order(headers, key, value) -> None:
     assert verdict(NEW_RING, signed, key, value) is Verdict.VALID  # k1 still listed
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)
 @given(header_lists, payloads, payloads, st.data())
 def test_any_change_of_a_redrive_header_the_key_or_the_value_breaks_it(
     headers, key, value, data
@@ -146,7 +146,7 @@ def reference_canonical(headers: list, key: bytes | None, value: bytes | None) -
 long_values = st.binary(min_size=1020, max_size=1030)  # about the lengths made in advance
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)
 @given(
     st.lists(
         st.tuples(
@@ -201,6 +201,7 @@ def test_a_signature_of_another_key_or_form_does_not_verify() -> None:
     assert verdict(RING, REQUEST, b"k", b"v") is Verdict.UNSIGNED
 
 
+@settings(deadline=None)
 @given(st.text(max_size=80))
 def test_a_malformed_signature_never_raises(text: str) -> None:
     result = RING.verify(REQUEST, b"k", b"v", text)
@@ -235,9 +236,10 @@ def judged(headers: list, check: SignatureCheck | None, value: bytes = b"v") -> 
 
 def test_required_signatures_refuse_all_but_a_valid_one() -> None:
     required = SignatureCheck(RING, required=True)
-    accepted = judged(RING.signed(REQUEST, b"k", b"v"), required)
+    signed = RING.signed(REQUEST, b"k", b"v")
+    accepted = judged(signed, required)
     assert isinstance(accepted, PendingRetry)
-    assert accepted.headers == REQUEST  # delivered without the signature
+    assert accepted.headers == signed  # delivered with it: its reader verifies it too
     forged = [
         REQUEST,  # unsigned
         [*REQUEST, (SIGNATURE, b"v1:k1:AAAA")],  # a wrong one
@@ -250,6 +252,24 @@ def test_required_signatures_refuse_all_but_a_valid_one() -> None:
         assert isinstance(letter, DeadLetterRecord)
         assert letter.reason_code is DeadLetterReason.INVALID_SIGNATURE
         assert letter.reason.startswith("invalid signature: ")
+        # Under an identity of its own: never the one the genuine request has.
+        assert letter.identity == read_at_identity(RequestCoordinates("redrive.requests", 0, 1))
+        assert letter.identity != accepted.identity
+        assert letter.content != accepted.content
+
+
+def test_a_refusal_keeps_the_id_it_claims_only_when_our_key_vouches_for_it() -> None:
+    required = SignatureCheck(RING, required=True)
+    allowed_nowhere = IntakeRules(lambda t: False, lambda t: 1, 86_400_000, signatures=required)
+    here = Incoming("redrive.requests", 0, 1, b"k", b"v", RING.signed(REQUEST, b"k", b"v"))
+    vouched = classify(here, allowed_nowhere, NOW)
+    assert isinstance(vouched, DeadLetterRecord)
+    assert vouched.reason_code is DeadLetterReason.DESTINATION_NOT_ALLOWED
+    assert vouched.identity == identity(decode(REQUEST)[0], here.coordinates)  # a repeat: once
+    unchecked = IntakeRules(lambda t: False, lambda t: 1, 86_400_000)
+    unsigned = classify(Incoming("redrive.requests", 0, 1, b"k", b"v", REQUEST), unchecked, NOW)
+    assert isinstance(unsigned, DeadLetterRecord)
+    assert unsigned.identity == read_at_identity(here.coordinates)
 
 
 def test_not_required_accepts_unsigned_and_unknown_but_not_a_mismatch_of_our_key() -> None:
@@ -260,9 +280,10 @@ def test_not_required_accepts_unsigned_and_unknown_but_not_a_mismatch_of_our_key
     letter = judged(RING.signed(REQUEST, b"k", b"v"), optional, value=b"changed")
     assert isinstance(letter, DeadLetterRecord)
     assert letter.reason_code is DeadLetterReason.INVALID_SIGNATURE
-    # without keys, nothing is checked (and the signature is not delivered either)
+    # without keys, nothing is checked, and what came is delivered
     unchecked = judged([(SIGNATURE, b"v1:x:y"), *REQUEST], None)
-    assert isinstance(unchecked, PendingRetry) and unchecked.headers == REQUEST
+    assert isinstance(unchecked, PendingRetry)
+    assert unchecked.headers == [(SIGNATURE, b"v1:x:y"), *REQUEST]
 
 
 def test_keys_load_from_settings_files_and_folders(tmp_path: Path) -> None:
@@ -313,6 +334,7 @@ def test_a_key_never_shows_its_secret() -> None:
     assert "sss" not in repr(key) and "sss" not in repr(KeyRing((key,)))
 
 
+@settings(deadline=None)
 @given(st.binary(min_size=32, max_size=200), st.binary(max_size=300))
 def test_the_mac_is_hmac_sha256(secret_bytes: bytes, data: bytes) -> None:
     import hmac
@@ -321,3 +343,15 @@ def test_the_mac_is_hmac_sha256(secret_bytes: bytes, data: bytes) -> None:
     signing_key = SigningKey("k", secret_bytes)
     assert signing_key.mac(data) == hmac.digest(secret_bytes, data, "sha256")
     assert pickle.loads(pickle.dumps(signing_key)).mac(data) == signing_key.mac(data)
+
+
+def test_a_sealed_id_is_deterministic_and_needs_the_current_key() -> None:
+    plain = "0123456789abcdef0123456789abcdef"
+    sealed = RING.sealed_id(plain)
+    assert sealed == RING.sealed_id(plain) and len(sealed) == len(plain)  # a repeat has it too
+    assert sealed != plain
+    other = KeyRing.from_settings([f"k2={secret(2)}"])
+    assert other.sealed_id(plain) != sealed  # no one without the key computes it
+    rotated = KeyRing.from_settings([f"k2={secret(2)}", f"k1={secret(1)}"])
+    assert rotated.sealed_id(plain) == other.sealed_id(plain)  # sealed with the current key
+    assert RING.sealed_id("not hex") != RING.sealed_id("not hex!")

@@ -71,3 +71,17 @@ def test_a_query_that_stops_is_down_and_one_that_fails_counts() -> None:
     assert value(metrics, "redrive_spark_query_failures_total", query="q") is None
     metrics.stopped("q", failed=True)
     assert value(metrics, "redrive_spark_query_failures_total", query="q") == 1
+
+
+def test_what_was_not_believed_and_forged_is_counted() -> None:
+    """The pipeline's records whose redrive headers it did not believe, the scheduler's
+    dead letters for an invalid signature (forged repeats among them); a batch without
+    rows observes nulls, which count nothing."""
+    metrics = SparkMetrics()
+    records = "redrive_spark_records_total"
+    metrics.record({"name": "p", "observedMetrics": {"redrive": {"handled": 3, "doubted": 2}}})
+    metrics.record({"name": "p", "observedMetrics": {"redrive": {"doubted": None}}})
+    assert value(metrics, records, query="p", outcome="doubted") == 2
+    forged = {"delivered": 0, "dead_lettered": 3, "invalid_signature": 2}
+    metrics.record({"name": "s", "observedMetrics": {"redrive": forged}})
+    assert value(metrics, records, query="s", outcome="invalid_signature") == 2

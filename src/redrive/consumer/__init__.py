@@ -8,9 +8,10 @@ from redrive.consumer.app import (
 )
 from redrive.consumer.brake import DeadLetterBrake
 from redrive.consumer.breaker import Breaker, BreakerState
-from redrive.consumer.errors import BatchFailed, InvalidBatchFailureError
+from redrive.consumer.errors import BatchFailed, InvalidBatchFailureError, RefusedReturnError
 from redrive.consumer.handlers import AsyncHandlerError
 from redrive.consumer.message import Message
+from redrive.consumer.refusals import RefuseAndCount, RefuseToDeadLetters, ReturnRule
 from redrive.consumer.share import ShareApp
 from redrive.consumer.strategies import Blocking, Pause, RetryTopic, Service, Topics
 
@@ -26,7 +27,11 @@ __all__ = [
     "InvalidBatchFailureError",
     "Message",
     "Pause",
+    "RefuseAndCount",
+    "RefuseToDeadLetters",
+    "RefusedReturnError",
     "RetryTopic",
+    "ReturnRule",
     "Service",
     "ShareApp",
     "Topics",

@@ -38,6 +38,7 @@ from redrive.consumer.errors import (
 from redrive.consumer.loop_health import max_poll_interval_ms
 from redrive.consumer.metrics import ConsumerMetrics
 from redrive.consumer.metrics_server import Health
+from redrive.consumer.refusals import DEFAULT_RULE, ReturnRule
 from redrive.consumer.registry import Registry
 from redrive.consumer.repeats import DEFAULT_REPEAT_WINDOW
 from redrive.consumer.routes import (
@@ -98,8 +99,16 @@ class App(Registry, Running):
 
     ``signing``: the keys (:class:`redrive.signing.KeyRing`, e.g.
     ``KeyRing.from_settings(["k1=<base64 secret>"])``) the App signs everything it
-    writes to the requests topic with (``redrive-signature``: docs/signing.md); by
-    default REDRIVE_SIGNING_KEYS and REDRIVE_SIGNING_KEY_FILES, else unsigned.
+    writes with (``redrive-signature``: docs/signing.md), and verifies every record
+    that comes back to it with (tiers, the single retry topic, the per-group topic,
+    deliveries on its topics); by default REDRIVE_SIGNING_KEYS and
+    REDRIVE_SIGNING_KEY_FILES, else unsigned.
+
+    ``returns``: what becomes of a record on a retry path whose redrive headers the
+    App cannot believe (:mod:`redrive.consumer.refusals`): ``RefuseToDeadLetters()``
+    (the default: a dead letter saying why) or ``RefuseAndCount()`` (counted, logged,
+    dropped); either with ``trust_unsigned=True`` while signing is rolled out. On a
+    source topic such a record is handled as a new record, whatever the rule.
 
     ``max_poll_records``: the most records one poll takes (Kafka's
     ``max.poll.records``); the loop deals with them before it polls again.
@@ -134,6 +143,7 @@ class App(Registry, Running):
         on_dead_letter: DeadLetterHook | None = None,
         on_breaker: BreakerHook | None = None,
         signing: KeyRing | None = None,
+        returns: ReturnRule = DEFAULT_RULE,
         registry: CollectorRegistry | None = None,
         metrics_port: int | None = None,
         # Loopback by default, like the retry service's HTTP port (SECURITY.md): what
@@ -156,6 +166,7 @@ class App(Registry, Running):
             ),
             hooks=Hooks(on_retry, on_dead_letter, on_breaker),
             signing=signing,
+            returns=returns,
         )
         Registry.__init__(self, settings)
         Running.__init__(self, ConsumerMetrics(registry), metrics_port, metrics_host)

@@ -147,6 +147,7 @@ class Assignment:
         wanted = [TopicPartition(t, p) for t, p in sorted(assigned)]
         committed = self.consumer.committed(wanted, timeout=30) if wanted else []
         self.records.done_before.resume(committed)
+        self.offsets.resume(committed)
         for tp in committed:
             offset = tp.offset if tp.offset >= 0 else self.start_without_commit
             self.consumer.seek(TopicPartition(tp.topic, tp.partition, offset))
@@ -162,10 +163,16 @@ class Assignment:
         # Before any record of theirs: which keys of ordered routes wait for a retry.
         for order in self.key_orders:
             order.load(self.client_config, new)
-        # What the last commit says is dealt with beyond its position.
-        self.records.done_before.resume(consumer.committed(partitions, timeout=30))
+        # What the last commit says is dealt with beyond its position; and the position
+        # itself, which each commit carries from now on, also before a record of the
+        # partition is done here (see redrive.consumer.offsets).
+        committed = consumer.committed(partitions, timeout=30)
+        self.records.done_before.resume(committed)
+        self.offsets.resume(committed)
         log.info(
-            "partitions assigned", partitions=[f"{p.topic}[{p.partition}]" for p in partitions]
+            "partitions assigned",
+            partitions=[f"{p.topic}[{p.partition}]" for p in partitions],
+            committed=[f"{tp.topic}[{tp.partition}]@{tp.offset}" for tp in committed],
         )
 
     def on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:

@@ -19,7 +19,11 @@ Invariants:
 - **bound**: at most ``max_in_flight`` records are accepted and not dealt with
   (running, or queued in a lane); the loop fetches no more than there is room for;
 - **offsets**: a partition's position moves only past records dealt with
-  (:class:`redrive.consumer.in_flight.InFlight`), however they end out of order;
+  (:class:`redrive.consumer.in_flight.InFlight`), however they end out of order, and
+  a partition has one from its first record read on (its committed offset, or that
+  record's), so that a commit always names, with the partition's offsets, the
+  records of it done beyond the position, whose hand-offs it commits
+  (:mod:`redrive.consumer.offsets`);
 - **waits**: a failure retried in place seeks its partition back to the record and
   pauses it (as for a plain handler); the records queued behind it in its lane are
   dropped, to be fetched again after it. A circuit breaker that opens also drops what
@@ -184,6 +188,9 @@ class AsyncRecords:
         steps, kind = self.records.reads[topic]
         route = steps.route
         tp = (topic, partition)
+        # A position from its first record read: a commit while it runs names the
+        # records done after it (their hand-offs are in the transaction) with it.
+        self.offsets.reached(tp, offset)
         if self.done_before.by_partition and self.done_before.skip(tp, offset):
             # Dealt with before a crash or an aborted transaction's rewind, its hand-off
             # committed with the position: not again.

@@ -28,12 +28,16 @@ hand-offs' receivers drop the repeats.
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Final
 
 PREFIX: Final = "rd1:"
 MAX_CHARS: Final = 4000
 """Longest metadata written: under the broker's default ``offset.metadata.max.bytes``."""
+
+
+_LIMIT: Final = (MAX_CHARS - len(PREFIX)) * 3 // 4 - 20
+"""The most bytes of runs written: base64 makes 4 characters of 3 bytes."""
 
 
 def _varint(value: int, out: bytearray) -> None:
@@ -43,57 +47,71 @@ def _varint(value: int, out: bytearray) -> None:
     out.append(value)
 
 
-def encode(position: int, done: Iterable[int]) -> str:
-    """The metadata for a commit at ``position`` (the next offset to read) when the
-    records at ``done`` (offsets after it, ascending) are dealt with; "" if none."""
+def _written(position: int, done: Iterable[tuple[int, int]]) -> str:
+    """The metadata naming the records of the runs ``done`` (``[start, stop)``, ascending,
+    disjoint, from ``position`` on) as dealt with; the runs furthest from the position
+    are left out beyond :data:`MAX_CHARS`."""
     runs = bytearray()
-    expected = position
-    run_start: int | None = None
-    previous = position - 1
-    limit = (MAX_CHARS - len(PREFIX)) * 3 // 4 - 20  # base64: 4 characters per 3 bytes
-    for offset in done:
-        if offset <= previous:
-            continue  # not beyond the position, or out of order: ignored
-        if run_start is None or offset != previous + 1:
-            if run_start is not None:
-                _varint(previous + 1 - run_start, runs)  # the done run that ended
-            if len(runs) > limit:
-                run_start = None
-                break
-            _varint(offset - expected if run_start is None else offset - previous - 1, runs)
-            run_start = offset
-        previous = offset
-        expected = offset + 1
-    if run_start is not None:
-        _varint(previous + 1 - run_start, runs)
-    if not runs:
-        return ""
-    return PREFIX + base64.urlsafe_b64encode(bytes(runs)).decode("ascii")
-
-
-def encode_except(position: int, end: int, not_done: list[int]) -> str:
-    """The metadata for a commit at ``position`` when every record from it up to
-    ``end`` (excluded) is dealt with but those at ``not_done`` (ascending, from
-    ``position``); as :func:`encode` of those records, without listing each."""
-    runs = bytearray()
-    limit = (MAX_CHARS - len(PREFIX)) * 3 // 4 - 20
-    cursor, index, count = position, 0, len(not_done)
-    while index < count and not_done[index] < cursor:
-        index += 1  # before the position: not beyond it
-    while cursor < end and len(runs) <= limit:
-        first = cursor
-        while index < count and not_done[index] == cursor:
-            cursor += 1
-            index += 1
-        stop = min(not_done[index] if index < count else end, end)
-        if stop <= cursor:
+    cursor = position
+    for start, stop in done:
+        if stop <= start or start < cursor:
+            continue  # empty, or not beyond what is written already: ignored
+        if len(runs) > _LIMIT:
             break
-        _varint(cursor - first, runs)
-        _varint(stop - cursor, runs)
+        _varint(start - cursor, runs)  # not done
+        _varint(stop - start, runs)  # done
         cursor = stop
     if not runs:
         return ""
     return PREFIX + base64.urlsafe_b64encode(bytes(runs)).decode("ascii")
+
+
+def _runs_of(offsets: Iterable[int], after: int) -> Iterator[tuple[int, int]]:
+    """Ascending ``offsets`` (those not beyond ``after`` ignored) as runs of consecutive
+    offsets, ``[start, stop)``."""
+    start = stop = None
+    previous = after
+    for offset in offsets:
+        if offset <= previous:
+            continue  # not beyond the position, or out of order: ignored
+        if start is None or offset != stop:
+            if start is not None and stop is not None:
+                yield start, stop
+            start = offset
+        stop = offset + 1
+        previous = offset
+    if start is not None and stop is not None:
+        yield start, stop
+
+
+def encode(position: int, done: Iterable[int]) -> str:
+    """The metadata for a commit at ``position`` (the next offset to read) when the
+    records at ``done`` (offsets after it, ascending) are dealt with; "" if none."""
+    return _written(position, _runs_of(done, position - 1))
+
+
+def encode_except(position: int, end: int, not_done: list[int], beyond: Iterable[int] = ()) -> str:
+    """The metadata for a commit at ``position`` when every record from it up to
+    ``end`` (excluded) is dealt with but those at ``not_done`` (ascending, from
+    ``position``), and after ``end`` those at ``beyond`` (ascending); as :func:`encode`
+    of those records, without listing each."""
+
+    def runs() -> Iterator[tuple[int, int]]:
+        cursor, index, count = position, 0, len(not_done)
+        while index < count and not_done[index] < cursor:
+            index += 1  # before the position: not beyond it
+        while cursor < end:
+            while index < count and not_done[index] == cursor:
+                cursor += 1
+                index += 1
+            stop = min(not_done[index] if index < count else end, end)
+            if stop <= cursor:
+                break
+            yield cursor, stop
+            cursor = stop
+        yield from _runs_of(beyond, end - 1)
+
+    return _written(position, runs())
 
 
 def decode(metadata: str | None, position: int) -> frozenset[int]:

@@ -8,12 +8,15 @@ aborted transaction, its commit's metadata is read back here; each record it nam
 skipped once, when read again, its hand-off having committed with the position.
 
 Invariant: an offset is skipped only if the partition's last commit named it, and at
-most once per resume.
+most once per resume. Until it is read again it stays named: every commit of this run
+names it too (:meth:`DoneBefore.unread`, asked by
+:class:`redrive.consumer.offsets.OffsetTracker`), since its hand-off is visible and a
+commit that forgot it would have it made again after the next crash or rewind.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 from confluent_kafka import TopicPartition
 
@@ -35,6 +38,11 @@ class DoneBefore:
                 self.by_partition[(tp.topic, tp.partition)] = set(done)
             else:
                 self.by_partition.pop((tp.topic, tp.partition), None)
+
+    def unread(self, partition: Partition) -> Collection[int]:
+        """The offsets the partition's last commit named and that were not read again
+        since (not skipped yet)."""
+        return self.by_partition.get(partition, ())
 
     def skip(self, partition: Partition, offset: int) -> bool:
         """Whether the record at ``offset`` was dealt with before (then forgotten: a

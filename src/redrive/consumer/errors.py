@@ -31,10 +31,18 @@ class UnprocessableRecordError(FatalError):
     consumer at that record, it goes to the dead letters with the cause."""
 
 
+class RefusedReturnError(FatalError):
+    """A record on a retry path (a tier, the single retry topic, the group's own retry
+    topic) whose redrive headers the App cannot believe: forged, copied from another
+    topic, or not signed by the App's keys (:mod:`redrive.consumer.refusals`). It is
+    never handled; its dead letter says why."""
+
+
 # Dead letters name them by their public names, the ones users import and search for.
 DeserializationError.__module__ = "redrive"
 UnreadableHeadersError.__module__ = "redrive.consumer"
 UnprocessableRecordError.__module__ = "redrive.consumer"
+RefusedReturnError.__module__ = "redrive.consumer"
 
 
 class BatchFailed(Exception):

@@ -20,7 +20,9 @@ rebalance: every change is written to the compacted topic ``<group>.<topic>.held
 run and the offset of the record that failed, space-separated, if there is one; a
 tombstone when the key is free), at the partition of the source record, with the App's
 other hand-offs (in the same transaction with ``transactional=True``); a partition's
-held keys are read back from it when the partition is assigned.
+held keys are read back from it when the partition is assigned. An App with signing
+keys signs each of those records and ignores, reading back, any that does not verify
+where it was read (:mod:`redrive.consumer.bookkeeping`).
 
 Cost: memory for one entry per held key (the key's bytes, an offset, maybe a failed run);
 the held topic holds one record per key held (compaction drops the rest).
@@ -29,12 +31,20 @@ the held topic holds one record per key held (compaction drops the rest).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import structlog
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicPartition,
+)
 
+from redrive.consumer.bookkeeping import BookkeepingCheck
 from redrive.consumer.offsets import Partition
 from redrive.consumer.publisher import Publisher
 
@@ -60,13 +70,22 @@ class HeldKeys:
     """The held keys of the partitions of ordered routes this App owns (see the module)."""
 
     @classmethod
-    def of(cls, publisher: Publisher, routes: Iterable[Route]) -> HeldKeys:
+    def of(
+        cls, publisher: Publisher, routes: Iterable[Route], check: BookkeepingCheck | None = None
+    ) -> HeldKeys:
         """For the routes that keep key order in the retry service."""
         ordered = [r for r in routes if r.ordering is not None and not r.lines_in_tiers]
-        return cls(publisher, {r.topic: r.held_topic for r in ordered})
+        return cls(publisher, {r.topic: r.held_topic for r in ordered}, check)
 
-    def __init__(self, publisher: Publisher, held_topics: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        publisher: Publisher,
+        held_topics: Mapping[str, str],
+        check: BookkeepingCheck | None = None,
+    ) -> None:
         self.publisher = publisher
+        self.check = check
+        """What a record read back must pass (None: believed, as without keys)."""
         self.held_topics = dict(held_topics)
         """Ordered route topic -> its held-keys topic."""
         self.by_partition: dict[Partition, dict[bytes, int]] = {}
@@ -131,7 +150,8 @@ class HeldKeys:
 
     def load(self, config: Mapping[str, Any], partitions: Iterable[Partition]) -> None:
         """Read back the held keys of newly assigned partitions of ordered routes."""
-        for partition, values in read_back(config, self.held_topics, partitions).items():
+        found = read_back(config, self.held_topics, partitions, self.check)
+        for partition, values in found.items():
             keys: dict[bytes, int] = {}
             runs: dict[bytes, FailedRun] = {}
             for key, value in values.items():
@@ -169,12 +189,16 @@ def parse_held(value: bytes) -> tuple[int, FailedRun | None]:
 
 
 def read_back(
-    config: Mapping[str, Any], held_topics: Mapping[str, str], partitions: Iterable[Partition]
+    config: Mapping[str, Any],
+    held_topics: Mapping[str, str],
+    partitions: Iterable[Partition],
+    check: BookkeepingCheck | None = None,
 ) -> dict[Partition, dict[bytes, bytes]]:
     """The last value of each key in the held-keys topic partitions of the newly
     assigned partitions of ordered routes (``held_topics``: route topic -> its held-keys
     topic), read from start to end; committed records only (a hand-off of a
-    transaction that did not commit did not happen)."""
+    transaction that did not commit did not happen), and of those only the ones
+    ``check`` believes (an ignored record, a tombstone too, leaves its key as it was)."""
     wanted = [(t, p) for t, p in partitions if t in held_topics]
     if not wanted:
         return {}
@@ -188,8 +212,15 @@ def read_back(
         }
     )
     try:
+        route_of = {held: route for route, held in held_topics.items()}
+
+        def believed(msg: Message) -> bool:
+            return check is None or check.believed(msg, route_of[str(msg.topic())])
+
         found = _read_to_end(
-            reader, [TopicPartition(held_topics[t], p, OFFSET_BEGINNING) for t, p in wanted]
+            reader,
+            [TopicPartition(held_topics[t], p, OFFSET_BEGINNING) for t, p in wanted],
+            believed,
         )
     finally:
         reader.close()
@@ -204,7 +235,7 @@ def read_back(
 
 
 def _read_to_end(
-    reader: Consumer, partitions: list[TopicPartition]
+    reader: Consumer, partitions: list[TopicPartition], believed: Callable[[Message], bool]
 ) -> dict[tuple[str, int], dict[bytes, bytes]]:
     """Each partition's keys and last values, read from its start to its end."""
     found: dict[tuple[str, int], dict[bytes, bytes]] = {
@@ -227,7 +258,7 @@ def _read_to_end(
                     continue
                 raise KafkaException(error)
             key, value = msg.key(), msg.value()
-            if key is None:
+            if key is None or not believed(msg):
                 continue
             keys = found[where]
             if value is None:

@@ -19,7 +19,9 @@ the compacted ``<group>.<topic>.held`` topic (key: the record key; value: the li
 ``offset@delay,...`` with each place as its tier's delay in ms; a tombstone once the
 line is empty) in the App's transaction, with the copies and the offsets: a
 transaction that did not commit left neither (this is why the strategy requires
-``transactional=True``). Lines are read back when the partition is assigned.
+``transactional=True``). Lines are read back when the partition is assigned; an App
+with signing keys signs each line's record and ignores, reading back, any that does
+not verify where it was read (:mod:`redrive.consumer.bookkeeping`).
 
 The source partition and its tier partitions must belong to the same App instance
 (the lines of a partition live in one place): the range assignor, librdkafka's
@@ -38,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 
+from redrive.consumer.bookkeeping import BookkeepingCheck
 from redrive.consumer.co_partitioned import check_assignor
 from redrive.consumer.held_keys import read_back
 from redrive.consumer.offsets import Partition
@@ -57,19 +60,24 @@ class KeyLines:
     """The lines of the held keys of the partitions this App owns (see the module)."""
 
     @classmethod
-    def of(cls, publisher: Publisher, routes: Iterable[Route]) -> KeyLines:
+    def of(
+        cls, publisher: Publisher, routes: Iterable[Route], check: BookkeepingCheck | None = None
+    ) -> KeyLines:
         """For the routes that keep key order in their tier topics."""
         ordered = [r for r in routes if r.ordering is not None and r.lines_in_tiers]
         held = {r.topic: r.held_topic for r in ordered}
-        return cls(publisher, held, {r.topic: r.tiers for r in ordered})
+        return cls(publisher, held, {r.topic: r.tiers for r in ordered}, check)
 
     def __init__(
         self,
         publisher: Publisher,
         held_topics: Mapping[str, str],
         tiers: Mapping[str, Mapping[int, str]],
+        check: BookkeepingCheck | None = None,
     ) -> None:
         self.publisher = publisher
+        self.check = check
+        """What a record read back must pass (None: believed, as without keys)."""
         self.held_topics = dict(held_topics)
         """Ordered route topic -> its held-keys topic."""
         self.tiers = {topic: dict(by_delay) for topic, by_delay in tiers.items()}
@@ -181,7 +189,8 @@ class KeyLines:
 
     def load(self, config: Mapping[str, Any], partitions: Iterable[Partition]) -> None:
         """Read back the lines of newly assigned partitions of ordered routes."""
-        for partition, values in read_back(config, self.held_topics, partitions).items():
+        found = read_back(config, self.held_topics, partitions, self.check)
+        for partition, values in found.items():
             self.restore(partition, values)
 
     def restore(self, partition: Partition, values: Mapping[bytes, bytes]) -> None:

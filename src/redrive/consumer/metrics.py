@@ -15,7 +15,13 @@ class ConsumerMetrics:
             "(sent behind its key's retry, ordering='key'), held_again (a redelivery "
             "dropped: a record before it in its run failed again, and the retry service "
             "holds it again behind that record), moved_behind (a copy of a "
-            "key's line moved behind the record before it: topics strategies).",
+            "key's line moved behind the record before it: topics strategies), refused "
+            "(a record on a retry path whose redrive headers the App cannot believe: "
+            "forged, copied, or not signed by its keys; dead-lettered or dropped as "
+            "App(returns=...) says, never handled), untrusted_headers (a record on a "
+            "source topic with such headers, handled as a new record: counted besides its "
+            "outcome), bookkeeping_ignored (a key-order record of the route's held topic "
+            "read back and ignored: not signed by the App's keys where it was read).",
             ["topic", "outcome"],
             registry=self.registry,
         )

@@ -7,7 +7,9 @@ is skipped), and its key's queue released; a failure is routed by the failure ro
 waited for in place) or its dead letter written, counted once under way, its hooks
 called; a hand-off of a redelivered record is remembered too (a repeat would hand the
 same off twice). The route's breaker and key order hear of every outcome through its
-:class:`~redrive.consumer.steps.Steps`.
+:class:`~redrive.consumer.steps.Steps`. A return the App cannot believe is refused
+(:meth:`Outcomes.refuse`) as the App's ``returns`` rule says, counted once as
+``refused``, and nothing of it is remembered.
 """
 
 from __future__ import annotations
@@ -19,17 +21,20 @@ from typing import Any
 
 import structlog
 
+from redrive.consumer.errors import RefusedReturnError
 from redrive.consumer.message import Message
 from redrive.consumer.metrics import ConsumerMetrics
 from redrive.consumer.offsets import Partition
 from redrive.consumer.publisher import Publisher
+from redrive.consumer.refusals import DEFAULT_RULE, RefuseAndCount, ReturnRule
 from redrive.consumer.repeats import RecentIds
 from redrive.consumer.routes import Route
 from redrive.consumer.settings import Hooks
 from redrive.consumer.steps import Steps
 from redrive.consumer.strategies import Wait
 from redrive.headers import RetryHeaders
-from redrive.router import DeadLettered, FailedRecord, Retried
+from redrive.policy import DeadLetter, DeadLetterReason
+from redrive.router import DeadLettered, FailedRecord, Retried, given_up
 
 log = structlog.get_logger("redrive.consumer")
 
@@ -55,6 +60,8 @@ class Outcomes:
         hooks: Hooks,
         repeats: RecentIds,
         transactional: bool,
+        returns: ReturnRule = DEFAULT_RULE,
+        signing: bool = False,
     ) -> None:
         self.group = group
         self.requests_topic = requests_topic
@@ -65,6 +72,14 @@ class Outcomes:
         """The ids of redelivered records handled lately (:mod:`redrive.consumer.repeats`)."""
         self.transactional = transactional
         """Hand-offs count once the App's transaction commits (ids staged till then)."""
+        self.returns = returns
+        """What becomes of a return the App cannot believe (:mod:`redrive.consumer.refusals`)."""
+        self.refusal_reason = (
+            DeadLetterReason.INVALID_SIGNATURE if signing else DeadLetterReason.INVALID_REQUEST
+        )
+        """A refused return's reason, for the hook (with keys, it is not signed by them
+        or names another place; without, it names another place). Its dead letter says
+        it in words: ``redrive-reason-code`` names a policy's reasons only."""
         self.in_place: dict[Partition, InPlace] = {}
         """Records retried in place, by partition; kept across a rebalance while their
         partition's wait is parked (see :meth:`redrive.consumer.pauses.PauseBook.release`)."""
@@ -110,9 +125,10 @@ class Outcomes:
         """A redelivered record was handled: a later delivery of it is a repeat (at
         once: also one arriving before the transaction commits)."""
         if message.retry is not None and message.retry.id is not None:
-            self.repeats.add(message.retry.id)
+            entry = self.repeats.entry(message.retry.id, message.key, message.raw_value)
+            self.repeats.add(entry)
             if self.transactional:
-                self.repeats.stage(message.retry.id)
+                self.repeats.stage(entry)
 
     def release(self, steps: Steps, delivery: RetryHeaders, key: bytes | None) -> None:
         """The App is done with a record of a key's queue: the next may come."""
@@ -165,7 +181,7 @@ class Outcomes:
         if isinstance(outcome, DeadLettered):
             self.in_place.pop((message.topic, message.partition), None)
             self.dead_letter(route, failure, outcome, message, error)
-            self.remember_handed_off(message.retry, done=True)
+            self.remember_handed_off(failure, done=True)
             if message.retry is not None and message.retry.order is not None:
                 self.release(steps, message.retry, message.key)
             return None if circuit is None else circuit.failed(outcome, None)
@@ -200,7 +216,7 @@ class Outcomes:
             )
             if order is not None and key is not None:
                 order.handed_off(route, request, key, outcome.target.topic, message.run)
-            self.remember_handed_off(failure.delivery, done=False)
+            self.remember_handed_off(failure, done=False)
         wait = route.strategy.wait(outcome.decision)
         self.metrics.records.labels(route.topic, "retried").inc()
         self.call_hook(self.hooks.on_retry, message, outcome.decision, error)
@@ -220,20 +236,53 @@ class Outcomes:
             failure, error, problem, dead_letters=dead_letters, home=route.topic
         )
         self.dead_letter(route, failure, outcome, None, error)
-        self.remember_handed_off(failure.delivery, done=True)
+        self.remember_handed_off(failure, done=True)
         if failure.delivery is not None and failure.delivery.order is not None:
             self.release(steps, failure.delivery, failure.key)
 
-    def remember_handed_off(self, delivery: RetryHeaders | None, done: bool) -> None:
+    def remember_handed_off(self, failure: FailedRecord, done: bool) -> None:
         """A redelivered record's failure was handed off (``done``: as a dead letter,
         else as its next retry): a later delivery of it is a repeat, which would
         fail again and hand the same off twice. Once committed, with transactions."""
+        delivery = failure.delivery
         if delivery is None or delivery.id is None:
             return
+        entry = self.repeats.entry(delivery.id, failure.key, failure.value)
         if self.transactional:
-            self.repeats.stage(delivery.id)
+            self.repeats.stage(entry)
         else:
-            self.repeats.add(delivery.id, done)
+            self.repeats.add(entry, done)
+
+    def refuse(self, steps: Steps, failure: FailedRecord, why: str) -> None:
+        """A record on a retry path whose redrive headers the App cannot believe
+        (``why``; ``failure`` is the record as read, with no delivery): never handled,
+        counted as ``refused``, and dead-lettered or dropped as the App's ``returns``
+        rule says. Its route's breaker, brake and key order hear nothing of it: it is
+        none of their records."""
+        route = steps.route
+        self.metrics.records.labels(route.topic, "refused").inc()
+        where = {"topic": failure.topic, "partition": failure.partition, "offset": failure.offset}
+        if isinstance(self.returns, RefuseAndCount):
+            log.warning("return refused: not handled, dropped", **where, reason=why)
+            return
+        text = f"return refused: {why}"
+        error = RefusedReturnError(text)
+        dead_letters = self.dead_letter_topic(route)
+        outcome = route.router.reject(
+            failure, error, text, dead_letters=dead_letters, home=route.topic
+        )
+        reason = self.refusal_reason
+        decision = DeadLetter(reason, text, failure.attempt)
+        headers = dataclasses.replace(outcome.headers, reason=text, reason_code=given_up(reason))
+        self.publisher.send(
+            dead_letters,
+            key=failure.key,
+            value=failure.value,
+            user_headers=failure.headers,
+            redrive=headers,
+        )
+        log.warning("return refused: dead-lettered", **where, to=dead_letters, reason=why)
+        self.call_hook(self.hooks.on_dead_letter, None, decision, error)
 
     def dead_letter_topic(self, route: Route) -> str:
         return self.requests_topic if route.dead_letters == "service" else route.dlq_topic

@@ -8,8 +8,14 @@ the async and batch runners run the same steps around their own handler calls
 
 Invariant: :meth:`Pipeline.process` deals with every record it is given. It returns
 None once the record is dealt with (handled; its retry handed to Kafka; dead-lettered;
-put behind its key; a repeat skipped), or a :class:`Wait` for a record to handle again
-at the same offset later (a retry in place, a tier record not due yet, a breaker).
+put behind its key; a repeat skipped; a return refused), or a :class:`Wait` for a
+record to handle again at the same offset later (a retry in place, a tier record not
+due yet, a breaker).
+
+A record's redrive headers count only where the App believes them
+(:mod:`redrive.consumer.refusals`, asked in :meth:`Pipeline.prepare` before anything
+else reads them): otherwise, on a source topic the record is a new one, and on a
+retry path it is refused, never handled and never a repeat of another.
 
 No record stops the loop: a record whose headers cannot be read, or whose value does
 not deserialize, is a dead letter with its raw key and value; any other exception of
@@ -40,12 +46,14 @@ from redrive.consumer.handlers import refuse_awaitable
 from redrive.consumer.kept_lines import KeptLines
 from redrive.consumer.message import Message
 from redrive.consumer.outcomes import InPlace, Outcomes, failed_record, safe_repr
+from redrive.consumer.refusals import NOT_A_RETURN
 from redrive.consumer.routes import Kind, Route
 from redrive.consumer.steps import DealtWith, Steps
 from redrive.consumer.strategies import Wait
 from redrive.consumer.strategies.pause import Breakers
 from redrive.headers import Header, RetryHeaders, is_redrive_header, read_replay, read_run
 from redrive.kafka import message_time, read_headers
+from redrive.returns import ReturnCheck
 from redrive.router import FailedRecord, read_delivery
 
 log = structlog.get_logger("redrive.consumer")
@@ -66,8 +74,13 @@ class Pipeline:
         breakers: Breakers,
         brakes: Brakes | None = None,
         kept: KeptLines | None = None,
+        check: ReturnCheck | None = None,
     ) -> None:
         self.group = group
+        self.check = check or ReturnCheck()
+        """What a record's redrive headers must pass to be believed (the App's keys)."""
+        self.signed_returns = self.check.keys is not None
+        """With keys, a record on a retry path must carry signed redrive headers."""
         self.reads: dict[str, Read] = {
             topic: (steps[route.topic], kind) for topic, (route, kind) in reads.items()
         }
@@ -195,15 +208,27 @@ class Pipeline:
     ) -> Message | Wait | None:
         """A record up to its gates: the Message to hand it (single or in a batch),
         None when it is dealt with already (unreadable headers, a repeat, a value that
-        does not deserialize: a dead letter), or a Wait (a tier record not due yet)."""
+        does not deserialize: a dead letter; a return refused), or a Wait (a tier record
+        not due yet)."""
         headers, unreadable = read_headers(record)
-        delivery = replay = run = None
+        delivery = replay = run = doubt = None
         user_headers = headers
         if headers and any(is_redrive_header(name) for name, _ in headers):
             delivery = read_delivery(headers, self.group)
             replay = read_replay(headers)
-            run = read_run(headers) if delivery is not None else None
             user_headers = [(k, v) for k, v in headers if not is_redrive_header(k)]
+            if delivery is not None:
+                # A tier record names the route's topic, a delivery the topic it is on.
+                named = steps.route.topic if kind == "tier" else topic
+                doubt = self.check.doubt(
+                    headers, record.key(), record.value(), delivery, (topic, partition), named
+                )
+                if doubt is None:
+                    run = read_run(headers)
+                else:
+                    delivery = None  # nothing it says counts
+        if delivery is None and kind != "source" and self.signed_returns and doubt is None:
+            doubt = NOT_A_RETURN
         if unreadable is not None:
             attempt = delivery.attempt + 1 if delivery else 1
             failure = _failure(
@@ -212,10 +237,19 @@ class Pipeline:
             error = UnreadableHeadersError(unreadable)
             self.outcomes.reject(steps, failure, error, unreadable)
             return None
-        if delivery is not None:
-            if delivery.id is not None and delivery.id in self.outcomes.repeats:
-                self._skip_repeat(steps, delivery, delivery.id, record, (topic, partition, offset))
+        if doubt is not None:
+            if kind != "source":
+                failure = _failure(record, topic, partition, offset, user_headers, None, 1)
+                self.outcomes.refuse(steps, failure, doubt)
                 return None
+            if self.state_of(topic, partition, offset) is None:  # once, not per retry in place
+                self._untrusted(steps, (topic, partition, offset), doubt)
+        elif delivery is not None:
+            if delivery.id is not None:
+                seen = self.outcomes.repeats.entry(delivery.id, record.key(), record.value())
+                if seen in self.outcomes.repeats:
+                    self._skip_repeat(steps, delivery, seen, record, (topic, partition, offset))
+                    return None
             if kind != "source":  # a tier record may not be due yet
                 wait = steps.route.strategy.wait_until_due(
                     steps.route, topic, partition, offset, delivery
@@ -270,11 +304,12 @@ class Pipeline:
         self,
         steps: Steps,
         delivery: RetryHeaders,
-        redrive_id: str,
+        entry: str,
         record: KafkaMessage,
         read_at: tuple[str, int, int],
     ) -> None:
-        """A redelivery handled already (:mod:`redrive.consumer.repeats`): skipped."""
+        """A redelivery handled already (:mod:`redrive.consumer.repeats`; ``entry``, its
+        id in the window): skipped."""
         topic, partition, offset = read_at
         self.outcomes.metrics.records.labels(steps.route.topic, "repeat_skipped").inc()
         log.info(
@@ -282,11 +317,24 @@ class Pipeline:
             topic=topic,
             partition=partition,
             offset=offset,
-            redrive_id=redrive_id,
+            redrive_id=delivery.id,
         )
         # Released again if it left its queue: the first release may be lost.
-        if delivery.order is not None and self.outcomes.repeats.left_queue(redrive_id):
+        if delivery.order is not None and self.outcomes.repeats.left_queue(entry):
             self.outcomes.release(steps, delivery, record.key())
+
+    def _untrusted(self, steps: Steps, read_at: tuple[str, int, int], why: str) -> None:
+        """A record on a source topic with redrive headers the App cannot believe (a
+        copy, or a forgery): handled as a new record, counted and logged."""
+        topic, partition, offset = read_at
+        self.outcomes.metrics.records.labels(steps.route.topic, "untrusted_headers").inc()
+        log.info(
+            "redrive headers not believed; handled as a new record",
+            topic=topic,
+            partition=partition,
+            offset=offset,
+            reason=why,
+        )
 
     def unprocessable(
         self, record: KafkaMessage, topic: str, partition: int, offset: int, cause: Exception

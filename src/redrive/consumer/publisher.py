@@ -5,17 +5,24 @@ the offset past a record right after. `flush` waits for every acknowledgement an
 produces again whatever the broker refused for a passing reason; it gives up only
 when the app is stopping, and then the offsets are not committed (the records come
 back on restart: at-least-once).
+
+An App with signing keys writes through a :class:`SigningPublisher`: every record it
+writes is signed (the requests topic, the tiers, the single retry topic, key order's
+copies and bookkeeping, the dead-letter topics), and every ``redrive-id`` it writes
+to the requests topic is sealed (:meth:`redrive.signing.KeyRing.sealed_id`), so that no
+one without the key can send a request under it first.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import structlog
 from confluent_kafka import KafkaError, Message, Producer
 
-from redrive.headers import Header, RetryHeaders, encode
+from redrive.consumer.bookkeeping import sealed_headers
+from redrive.headers import ID, Header, RetryHeaders, encode
 from redrive.kafka import produce_patiently
 from redrive.signing import KeyRing
 
@@ -55,23 +62,35 @@ class Publisher:
         redrive: RetryHeaders,
         partition: int | None = None,
     ) -> None:
-        out = _Outgoing(topic, key, value, encode(redrive, user_headers), partition)
-        self._produce(self._signed(out))
+        """Write a hand-off: ``redrive`` with the user's headers. An id in a request
+        to the requests topic is the plain one its fields make, never one read off a
+        delivery (sealed already: :class:`SigningPublisher` seals what it writes)."""
+        headers = self._headers(topic, key, value, encode(redrive, user_headers))
+        self._produce(_Outgoing(topic, key, value, headers, partition))
         if self.earliest_due_ms is None or redrive.retry_at < self.earliest_due_ms:
             self.earliest_due_ms = redrive.retry_at
 
-    def _signed(self, out: _Outgoing) -> _Outgoing:
-        """A hand-off as it is written: unsigned here."""
-        return out
+    def _headers(
+        self, topic: str, key: bytes | None, value: bytes | None, headers: list[Header]
+    ) -> list[Header]:
+        """A hand-off's headers as they are written: as encoded, here."""
+        return headers
 
     def committed(self) -> None:
         """The hand-offs sent so far are committed (visible to their readers)."""
         self.earliest_due_ms = None
 
     def put(self, topic: str, *, key: bytes, value: bytes | None, partition: int) -> None:
-        """Write a record of redrive's own bookkeeping (no headers), acknowledged and
-        retried as the hand-offs are."""
-        self._produce(_Outgoing(topic, key, value, [], partition))
+        """Write a record of redrive's own bookkeeping (no headers here; sealed by a
+        :class:`SigningPublisher`), acknowledged and retried as the hand-offs are."""
+        headers = self._bookkeeping(topic, partition, key, value)
+        self._produce(_Outgoing(topic, key, value, headers, partition))
+
+    def _bookkeeping(
+        self, topic: str, partition: int, key: bytes, value: bytes | None
+    ) -> list[Header]:
+        """A bookkeeping record's headers: none, here."""
+        return []
 
     def _produce(self, out: _Outgoing) -> None:
         def delivered(err: KafkaError | None, msg: Message) -> None:
@@ -111,9 +130,15 @@ class Publisher:
 
 
 class SigningPublisher(Publisher):
-    """A publisher whose every record to the requests topic is signed with ``keys``
-    (:mod:`redrive.signing`): retries, dead letters for the service, a key's records
-    put behind and its releases. What goes elsewhere (tiers, DLQ topics) is not."""
+    """A publisher that signs every record it writes with ``keys``
+    (:mod:`redrive.signing`) and seals the ``redrive-id`` of what it writes to the
+    requests topic (see the module).
+
+    Invariant: an id is sealed exactly once, here, as it is written: the ids given to
+    :meth:`send` are the plain ones their fields make (:mod:`redrive.router`), and a
+    hand-off produced again after the broker refused it is the record as first
+    written. The same plain id under the same current key is the same sealed id, so a
+    hand-off repeated after a crash is a repeat to its receiver."""
 
     def __init__(
         self, producer: Producer, stop: threading.Event, keys: KeyRing, requests_topic: str
@@ -122,17 +147,30 @@ class SigningPublisher(Publisher):
         self._keys = keys
         self._requests_topic = requests_topic
 
-    def _signed(self, out: _Outgoing) -> _Outgoing:
-        if out.topic != self._requests_topic:
-            return out
-        return replace(out, headers=self._keys.signed(out.headers, out.key, out.value))
+    def _headers(
+        self, topic: str, key: bytes | None, value: bytes | None, headers: list[Header]
+    ) -> list[Header]:
+        if topic == self._requests_topic:
+            seal = self._keys.sealed_id
+            headers = [
+                (name, seal(raw.decode("ascii")).encode("ascii"))
+                if name == ID and raw is not None
+                else (name, raw)
+                for name, raw in headers
+            ]
+        return self._keys.signed(headers, key, value)
+
+    def _bookkeeping(
+        self, topic: str, partition: int, key: bytes, value: bytes | None
+    ) -> list[Header]:
+        return sealed_headers(self._keys, topic, partition, key, value)
 
 
 def publisher_for(
     producer: Producer, stop: threading.Event, keys: KeyRing | None, requests_topic: str
 ) -> Publisher:
-    """The App's publisher: signing what it writes to the requests topic when it has
-    keys (and then only: the unsigned path stays as it was)."""
+    """The App's publisher: signing what it writes when it has keys (and then only:
+    the unsigned path stays as it was)."""
     if keys is None:
         return Publisher(producer, stop)
     return SigningPublisher(producer, stop, keys, requests_topic)

@@ -18,6 +18,14 @@ that failed would otherwise fail again and hand the same next retry off twice. W
 (:meth:`RecentIds.stage`, :meth:`RecentIds.commit`): a repeat skipped after an
 aborted hand-off would lose it.
 
+Only deliveries the App believes (:mod:`redrive.consumer.refusals`) enter the window or
+are looked up in it: a record whose redrive headers it cannot believe is never a
+repeat, and never makes another one. An entry is the delivery's id bound to its
+content (:meth:`RecentIds.entry`) wherever an unsigned delivery may be believed (an App
+without keys, or one trusting unsigned returns while signing is rolled out): any
+producer can copy a genuine id onto another value, and that record must not make the
+App skip the genuine one. With keys, the signature binds the id to the record already.
+
 A repeat of a record that left its key's queue (``ordering="key"``) releases the
 queue again, since the first release may be lost (a crash before it was sent, or
 its transaction aborted); with transactions, not once the transaction that released
@@ -27,10 +35,15 @@ would be a second hand-off of the same request.
 
 from __future__ import annotations
 
+import hashlib
+
 from redrive.errors import ConfigError
 
 DEFAULT_REPEAT_WINDOW = 100_000
 """Ids remembered by default: about 10 MB, hours of redeliveries for most apps."""
+_CONTENT_BYTES = 8
+"""The bytes of the digest of a delivery's key and value an entry carries: a record of
+another key or value under the same id passes for it once in 2^64."""
 
 
 def checked_window(size: object) -> int:
@@ -45,14 +58,32 @@ def checked_window(size: object) -> int:
 
 
 class RecentIds:
-    def __init__(self, size: int = DEFAULT_REPEAT_WINDOW) -> None:
+    def __init__(self, size: int = DEFAULT_REPEAT_WINDOW, binds_content: bool = True) -> None:
         self.size = size
+        self.binds_content = binds_content
+        """Entries name a delivery's content with its id (see the module)."""
         # id -> whether a repeat of it releases its key's queue again: its record left
         # the queue (handled or a dead letter) and the release may be lost (without
         # transactions, or in one not committed yet); not when it went on to its next
         # retry (it stays in the queue) or its transaction committed the release.
         self._ids: dict[str, bool] = {}  # insertion order: the oldest first
         self._staged: list[str] = []
+
+    def entry(self, request_id: str, key: bytes | None, value: bytes | None) -> str:
+        """What the window keeps of a delivery of ``request_id`` with this key and value:
+        the id, followed by a digest of the key and value where it binds content."""
+        if not self.binds_content:
+            return request_id
+        digest = hashlib.blake2b(digest_size=_CONTENT_BYTES)
+        for part in (key, value):
+            # Length-prefixed, an absent part apart from an empty one: no two records
+            # of another key or value digest alike by their concatenation.
+            if part is None:
+                digest.update(b"-")
+            else:
+                digest.update(b"%d:" % len(part))
+                digest.update(part)
+        return f"{request_id}:{digest.hexdigest()}"
 
     def __contains__(self, request_id: object) -> bool:
         return request_id in self._ids

@@ -29,6 +29,7 @@ from redrive.clock import now_ms
 from redrive.consumer.assignment import Assignment, Callbacks, reset_offset
 from redrive.consumer.async_records import AsyncRecords
 from redrive.consumer.batches import Batches, BatchSettings
+from redrive.consumer.bookkeeping import BookkeepingCheck
 from redrive.consumer.brakes import Brakes
 from redrive.consumer.clients import make_consumer, make_producer
 from redrive.consumer.loop import flush_batches, poll_once
@@ -38,6 +39,7 @@ from redrive.consumer.outcomes import Outcomes
 from redrive.consumer.pauses import PauseBook
 from redrive.consumer.pipeline import Pipeline
 from redrive.consumer.publisher import publisher_for
+from redrive.consumer.refusals import return_check
 from redrive.consumer.repeats import RecentIds
 from redrive.consumer.routes import Kind, Route
 from redrive.consumer.settings import AppSettings
@@ -96,8 +98,17 @@ class Session:
         breakers = Breakers.of(
             ((r.topic, r.breaker) for r in routes.values()), metrics, hooks.on_breaker
         )
+        bookkeeping = BookkeepingCheck(
+            settings.signing, settings.returns.trust_unsigned, metrics.records
+        )
         orders = self.orders = KeyOrders.of(
-            settings.group, settings.requests_topic, publisher, metrics, routes.values(), batched
+            settings.group,
+            settings.requests_topic,
+            publisher,
+            metrics,
+            routes.values(),
+            batched,
+            bookkeeping,
         )
         outcomes = Outcomes(
             settings.group,
@@ -105,8 +116,10 @@ class Session:
             publisher,
             metrics,
             hooks,
-            RecentIds(settings.repeat_window),
+            RecentIds(settings.repeat_window, settings.unsigned_returns),
             settings.transactional,
+            settings.returns,
+            signing=settings.signing is not None,
         )
         self.brakes = Brakes.of(routes.values(), metrics)
         self.records = Pipeline(
@@ -117,8 +130,11 @@ class Session:
             breakers,
             self.brakes,
             orders.kept,
+            return_check(settings.signing, settings.returns),
         )
         self.offsets.kept = orders.kept.offsets
+        # What the last commit named done, until it is read again: named by every commit.
+        self.offsets.named_before = self.records.done_before.unread
         self.pauses = PauseBook(self.consumer)
         self.batches = Batches(self.records, dict(batched)) if batched else None
         self.async_records = AsyncRecords.of(

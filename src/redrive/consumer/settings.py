@@ -14,6 +14,7 @@ from typing import Any
 
 from redrive.consumer.clients import chosen_partitioner
 from redrive.consumer.message import Message
+from redrive.consumer.refusals import DEFAULT_RULE, SETTING, ReturnRule, checked_rule
 from redrive.consumer.repeats import checked_window
 from redrive.consumer.strategies.pause import BreakerHook
 from redrive.membership import static_membership
@@ -62,12 +63,22 @@ class AppSettings:
     polling: Polling
     hooks: Hooks
     signing: KeyRing | None = None
-    """The keys the App signs what it writes to the requests topic with; None: unsigned."""
+    """The keys the App signs what it writes with, and verifies the returns it reads
+    with; None: unsigned, and returns believed where they name the topic read."""
+    returns: ReturnRule = DEFAULT_RULE
+    """What becomes of a return the App cannot believe (:mod:`redrive.consumer.refusals`)."""
     consumer_config: Mapping[str, Any] = field(init=False)
     """The consumer's settings as librdkafka gets them (``kafka`` then ``consumer_kafka``)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "consumer_config", {**self.kafka, **self.consumer_kafka})
+
+    @property
+    def unsigned_returns(self) -> bool:
+        """Whether an unsigned return may be believed (no keys, or trusted while signing
+        is rolled out): the repeat window then binds each id to its record's content
+        (:mod:`redrive.consumer.repeats`)."""
+        return self.signing is None or self.returns.trust_unsigned
 
     @classmethod
     def of(
@@ -85,13 +96,17 @@ class AppSettings:
         polling: Polling,
         hooks: Hooks,
         signing: KeyRing | None = None,
+        returns: ReturnRule = DEFAULT_RULE,
+        returns_setting: str = SETTING,
     ) -> AppSettings:
         """The settings as a consumer's keyword arguments give them: the bootstrap
         servers, requests topic and signing keys from the environment unless given
         (REDRIVE_BOOTSTRAP, REDRIVE_REQUESTS_TOPIC, REDRIVE_SIGNING_KEYS and
         REDRIVE_SIGNING_KEY_FILES), each value checked (a ConfigError naming the
-        setting)."""
+        setting; ``returns_setting`` names ``returns`` for the consumer at hand)."""
         kafka = dict(kafka or {})
+        if signing is None:
+            signing = KeyRing.from_environment(os.environ)
         return cls(
             bootstrap=bootstrap or os.environ.get("REDRIVE_BOOTSTRAP", "localhost:9092"),
             group=group,
@@ -105,5 +120,6 @@ class AppSettings:
             repeat_window=checked_window(repeat_window),
             polling=polling,
             hooks=hooks,
-            signing=signing if signing is not None else KeyRing.from_environment(os.environ),
+            signing=signing,
+            returns=checked_rule(returns, signing, returns_setting),
         )

@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, Protocol, final
 
+from redrive.consumer.bookkeeping import BookkeepingCheck
 from redrive.consumer.brakes import Brake, Brakes
 from redrive.consumer.held_keys import HeldKeys
 from redrive.consumer.kept_lines import KeptLines
@@ -143,11 +144,13 @@ class KeyOrders:
         metrics: ConsumerMetrics,
         routes: Iterable[Route],
         batched: Iterable[str] = (),
+        bookkeeping: BookkeepingCheck | None = None,
     ) -> KeyOrders:
-        """``batched``: the topics of batch routes."""
+        """``batched``: the topics of batch routes; ``bookkeeping``: what the records read
+        back from the held topics must pass (:mod:`redrive.consumer.bookkeeping`)."""
         routes = list(routes)
-        held = HeldKeys.of(publisher, routes)
-        lines = KeyLines.of(publisher, routes)
+        held = HeldKeys.of(publisher, routes, bookkeeping)
+        lines = KeyLines.of(publisher, routes, bookkeeping)
         batches = set(batched)
         # Records kept behind a key are handled one by one from the sync loop, through
         # the key-order gate alone.

@@ -76,11 +76,15 @@ class LocalKafka(LocalServer):
     def bootstrap(self) -> str:
         return f"{HOST}:{self.port}"
 
-    def client_config(self) -> dict[str, str]:
-        """What a client needs to reach this broker (with credentials when secured)."""
+    def client_config(self, user: str | None = None) -> dict[str, str]:
+        """What a client needs to reach this broker (with credentials when secured): as
+        the security's own user, or as ``user``, another of its users (an ACL's
+        principal, when the broker runs the authorizer)."""
         config = {"bootstrap.servers": self.bootstrap}
         if self.security is not None:
-            config.update(self.security.client_config())
+            config.update(self.security.client_config(user=user))
+        elif user is not None:
+            raise ValueError(f"user {user!r}: this broker takes no credentials")
         return config
 
     def healthy(self, timeout: float = 3.0) -> bool:

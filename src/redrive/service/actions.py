@@ -40,6 +40,7 @@ from redrive.service.replay import Edit, Replayer, ReplayRefused
 from redrive.service.replay_guard import quarantine_reason
 from redrive.service.replay_preview import Preview, preview
 from redrive.service.store import DeadLetter, JobOverlap, ReplayJob, Store
+from redrive.service.unknown_records import unknown_record_reason
 
 # ------------------------------------------------------------------ request bodies (API and UI)
 #
@@ -199,6 +200,11 @@ class JobStarted:
     remaining: int
 
 
+def passed_over(letter: DeadLetter) -> str | None:
+    """Why a replay job (and its dry run) skips the letter (None: it sends it)."""
+    return quarantine_reason(letter) or unknown_record_reason(letter)
+
+
 class OperatorActions:
     def __init__(
         self,
@@ -231,6 +237,8 @@ class OperatorActions:
         if (why := quarantine_reason(row)) is not None and not body.override_quarantine:
             raise Conflict(f"dead letter {letter_id} is {why} (override_quarantine)")
         edit = body.edit()
+        if (why := unknown_record_reason(row, edit)) is not None:
+            raise Conflict(f"dead letter {letter_id}: {why}")
         try:
             target = self._replayer.replay(row, destination=body.destination, edit=edit)
         except ReplayRefused as exc:
@@ -268,11 +276,17 @@ class OperatorActions:
         row = self._store.dead_letter_by_id(letter_id)
         if row is None:
             raise NotFound(f"no dead letter {letter_id}")
+        edit = body.edit()
+
+        def skip(letter: DeadLetter) -> str | None:
+            quarantined = None if body.override_quarantine else quarantine_reason(letter)
+            return quarantined or unknown_record_reason(letter, edit)
+
         shown = preview(
             [row],
             target_of=lambda letter: self._replayer.target_of(letter, body.destination),
-            skip=lambda letter: None if body.override_quarantine else quarantine_reason(letter),
-            edit=body.edit(),
+            skip=skip,
+            edit=edit,
         )
         if (live := self._store.replay_jobs.live_job_of([letter_id])) is not None:
             shown.conflict = f"dead letter {letter_id} is still to be sent by replay job {live[0]}"
@@ -286,7 +300,7 @@ class OperatorActions:
         shown = preview(
             rows,
             target_of=lambda letter: self._replayer.target_of(letter, body.destination),
-            skip=quarantine_reason,
+            skip=passed_over,
             missing=[i for i in body.ids or () if i not in found],
         )
         shown.remaining = remaining
@@ -340,12 +354,12 @@ class OperatorActions:
             raise Invalid("nothing to replay: no dead letter matches")
         try:
             for row in rows:
-                if not row.quarantined:  # passed over: its topic may be gone
+                if passed_over(row) is None:  # passed over: its topic may be gone
                     self._replayer.target_of(row, body.destination)
         except ReplayRefused as exc:
             raise Invalid(str(exc)) from None
         ids = [r.id for r in rows]
-        skipped = {r.id: why for r in rows if (why := quarantine_reason(r)) is not None}
+        skipped = {r.id: why for r in rows if (why := passed_over(r)) is not None}
         rate = body.rate or self._rate_per_second
         try:
             job_id = self._store.replay_jobs.create(

@@ -26,7 +26,7 @@ from redrive.errors import ConfigError
 from redrive.headers import MAX_TOPIC_LENGTH, is_topic_name
 from redrive.partitioners import DEFAULT_PARTITIONER, Partitioner, raw_partitioner
 from redrive.service.ingest import Format
-from redrive.signing import SignatureCheck, key_ring
+from redrive.signing import KeyRing, SignatureCheck, key_ring
 from redrive.topic_names import DLQ_TOPIC, REQUESTS_TOPIC
 
 Role = Literal["intake", "scheduler"]
@@ -252,10 +252,15 @@ class ServiceSettings(BaseSettings):
             )
         return self
 
+    def key_ring(self) -> KeyRing | None:
+        """The service's keys (``signing_keys``, then ``signing_key_files``); None
+        without any. The scheduler signs with them what it changes of a delivery."""
+        return key_ring(self.signing_keys, self.signing_key_files)
+
     def signature_check(self) -> SignatureCheck | None:
         """What intake asks of each request's signature; None without keys (nothing to
         check)."""
-        keys = key_ring(self.signing_keys, self.signing_key_files)
+        keys = self.key_ring()
         return None if keys is None else SignatureCheck(keys, self.require_signatures)
 
     def ingest_format(self, topic: str) -> Format | None:

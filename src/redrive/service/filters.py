@@ -101,8 +101,8 @@ class SchemaPattern:
         return {**handler(schema), "pattern": self.pattern}
 
 
-def _text(max_length: int, description: str | None = None) -> Any:
-    return Field(None, max_length=max_length, description=description)
+def _text(max_length: int, title: str, description: str | None = None) -> Any:
+    return Field(None, max_length=max_length, title=title, description=description)
 
 
 BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
@@ -135,29 +135,42 @@ RowId = Annotated[int, Field(ge=1, le=INT64_MAX)]
 class DeadLetterFilter(BaseModel):
     """Which dead letters: every given field must match (AND)."""
 
+    # Every page, form, job description and link takes its fields from here (with each
+    # field's title as its label: redrive.service.web.params), so a filter the API
+    # honours cannot be dropped on the way through the UI.
     model_config = ConfigDict(extra="forbid")
 
-    topic: StorableText | None = _text(MAX_TOPIC_LENGTH)
-    group: StorableText | None = _text(1024)
-    error_type: StorableText | None = _text(1024)
-    text: StorableText | None = _text(1024, "Found anywhere in the error message (any case).")
-    reason: StorableText | None = _text(1024, "A reason code, or text found in the reason.")
+    topic: StorableText | None = _text(MAX_TOPIC_LENGTH, "topic")
+    group: StorableText | None = _text(1024, "group")
+    error_type: StorableText | None = _text(1024, "error type")
+    text: StorableText | None = _text(
+        1024, "error text", "Found anywhere in the error message (any case)."
+    )
+    reason: StorableText | None = _text(
+        1024, "reason", "A reason code, or text found in the reason."
+    )
     source: StorableText | None = _text(
         64,
+        "source",
         "Who made it a dead letter: intake, scheduler, or ingest:<format> (redrive, "
         "spring, connect, raw) for one ingested from a dead-letter topic.",
     )
     ingested_from: StorableText | None = _text(
-        MAX_TOPIC_LENGTH, "The dead-letter topic it was ingested from."
+        MAX_TOPIC_LENGTH, "ingested from", "The dead-letter topic it was ingested from."
     )
     since: FilterTime | None = Field(
-        None, description="Dead since this time (ISO 8601; without an offset: UTC)."
+        None,
+        title="since",
+        description="Dead since this time (ISO 8601; without an offset: UTC).",
     )
     until: FilterTime | None = Field(
-        None, description="Dead before this time (ISO 8601; without an offset: UTC)."
+        None,
+        title="until",
+        description="Dead before this time (ISO 8601; without an offset: UTC).",
     )
     error_group: str | None = Field(
         None,
+        title="error group",
         pattern=FINGERPRINT_PATTERN,
         description="The error group it is in (16 hex digits: GET /error-groups).",
     )
@@ -177,8 +190,8 @@ class DeadLetterFilter(BaseModel):
 class PendingFilter(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    destination: StorableText | None = _text(MAX_TOPIC_LENGTH)
-    group: StorableText | None = _text(1024)
+    destination: StorableText | None = _text(MAX_TOPIC_LENGTH, "destination")
+    group: StorableText | None = _text(1024, "group")
     due_after_ms: int | None = Field(None, ge=0, le=INT64_MAX)
     due_before_ms: int | None = Field(None, ge=0, le=INT64_MAX)
 
@@ -213,7 +226,7 @@ class RecordQuery(BaseModel):
     key_base64: Base64Text | None = Field(
         None, max_length=8192, description="The key's bytes in base64 (a key that is not text)."
     )
-    topic: StorableText | None = _text(MAX_TOPIC_LENGTH, "The record's original topic.")
+    topic: StorableText | None = _text(MAX_TOPIC_LENGTH, "topic", "The record's original topic.")
     partition: int | None = Field(None, ge=0, le=2**31 - 1)
     offset: int | None = Field(None, ge=0, le=INT64_MAX)
 

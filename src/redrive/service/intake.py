@@ -62,6 +62,8 @@ INSTANCE_ID_SETTING = "instance_id (REDRIVE_INSTANCE_ID)"
 # How long a revocation waits for the batch being stored, to commit it before the
 # partitions go (an insert takes well under a second; the group waits for us longer).
 REVOKE_WAIT_S = 10.0
+# How soon a dead-letter topic created after start-up is found and read.
+INGEST_DISCOVERY_MS = 5000
 # How long a rejoin waits for the client it replaces to close (a wedged one never does).
 REPLACED_CLOSE_WAIT_S = 5.0
 
@@ -146,6 +148,11 @@ class Intake:
                 # 10 ms, 8 MB keeps it as fed as 32 MB did, for 50 MB less RSS.
                 "queued.max.messages.kbytes": 8192,
                 "fetch.queue.backoff.ms": 10,
+                # A subscribed topic that does not exist yet (a dead-letter topic to
+                # ingest, which its writer creates on first use) is read once a
+                # metadata refresh finds it: librdkafka's default looks every five
+                # minutes, so its first letters would wait that long.
+                "topic.metadata.refresh.interval.ms": INGEST_DISCOVERY_MS,
                 **self.settings.intake_kafka,
                 # Not overridable: a request of a transaction aborted (or still open)
                 # is not one, and Apps with transactional=True rely on that.
@@ -308,7 +315,8 @@ class Intake:
 
     def _insert(self, batch: _Batch) -> Stored:
         """On the writer thread: store the batch, then wake the scheduler if it is due."""
-        stored = self.store.insert_batch(batch.pending, batch.dead, batch.releases, now_ms=now_ms())
+        parts = batch.pending, batch.dead, batch.releases
+        stored = self.store.insert_batch(*parts, now_ms=now_ms(), read=batch.incoming)
         if batch.pending:
             self.on_scheduled(min(p.due_ms for p in batch.pending))
         if stored.advanced:  # the next of a released key's queue is due now
@@ -326,14 +334,13 @@ class Intake:
             if waited is None:
                 return False  # stopping before the batch was stored: it will be read again
             stored = waited
-        dead = stored.without_repeats(batch.dead)
+        dead = stored.letters(batch.dead)  # forgeries' too: counted, logged, mirrored
         self._stored(stored, dead)
         if self.mirror is not None:
             self.mirror.copy(dead)
         self._commit(batch.incoming)
         for repeat in stored.repeats:
-            # Only requests (read at coordinates, with an identity) can be repeats.
-            assert repeat.request is not None
+            assert repeat.request is not None  # only requests (read, with identities) repeat
             assert repeat.identity is not None
             log.info(
                 "repeat dropped: its request was accepted before",

@@ -9,7 +9,11 @@ One loop, the whole idea:
    if it hangs, once PostgreSQL ends its idle transaction after `lease_seconds`).
 2. Produce each to its destination with its original key, its partition when the
    request named one, and its headers exactly as they were received (so the consumer
-   sees its attempt count and original coordinates).
+   sees its attempt count and original coordinates), the request's signature with
+   them: its reader verifies what it believes of them. The records of a key's queue,
+   which a claim marks with their run (``redrive-run``), are signed again with the
+   key of the service's that signed their request, when it verifies
+   (:func:`sign_again`).
 3. Wait for the broker's acknowledgements; only then delete the rows, in the claim's
    transaction. A crash between acknowledgement and commit delivers a message twice,
    never zero times.
@@ -27,7 +31,7 @@ from __future__ import annotations
 import math
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -37,10 +41,12 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from redrive.clock import now_ms
 from redrive.kafka import BATCH_WIDE_REFUSALS, produce_patiently
 from redrive.reasons import DeadLetterReason
+from redrive.returns import signature_of
 from redrive.schedules import backoff_delay
 from redrive.service.config import ServiceSettings
 from redrive.service.metrics import ServiceMetrics
 from redrive.service.store import ClaimedRetry, Settlement, Store, StoreUnavailable
+from redrive.signing import KeyRing, Verdict
 
 log = structlog.get_logger("redrive.scheduler")
 
@@ -60,6 +66,32 @@ _PERMANENT = {
 }
 # Of those, the ones a broker returns for a whole batch of records.
 _BATCH_WIDE = BATCH_WIDE_REFUSALS
+
+
+def sign_again(rows: Sequence[ClaimedRetry], keys: KeyRing) -> None:
+    """Sign again each row whose redrive headers its claim changed (a run's mark), so
+    that its reader can verify it as it verifies any delivery: with the key of ours its
+    request was signed with, which its sender (its reader) holds, whatever the service
+    signs with first during a rotation. Only a row whose request's signature verifies
+    with that key over the headers it was stored with: another (a request accepted
+    unsigned, when signatures were not required; one signed with a key removed since)
+    goes as it is, since the service vouches for nothing no holder of its keys wrote."""
+    signers: dict[str, KeyRing] = {}
+    for row in rows:
+        stored = row.as_stored
+        if stored is None:
+            continue
+        signature = signature_of(stored)
+        if signature is None:
+            continue  # unsigned: nothing to verify, nothing vouched for
+        if keys.verify(stored, row.key, row.value, signature).verdict is not Verdict.VALID:
+            continue
+        key_id = signature.split(":")[1]  # (a valid one reads v1:<key id>:<MAC>)
+        signer = signers.get(key_id)
+        if signer is None:
+            key = next(key for key in keys.keys if key.id == key_id)
+            signer = signers[key_id] = KeyRing((key,))
+        row.headers = signer.signed(row.headers, row.key, row.value)
 
 
 @dataclass
@@ -95,6 +127,7 @@ class Scheduler:
             "delivery.report.only.error": True,
         }
         self.producer = Producer(self._producer_config)
+        self._keys = settings.key_ring()
         self._wakeup = threading.Event()
         self._planned_wake_ms: float = math.inf
         self.healthy = True
@@ -157,6 +190,8 @@ class Scheduler:
             ) as claim:
                 if not claim.rows:
                     return False
+                if self._keys is not None:
+                    sign_again(claim.rows, self._keys)
                 now = now_ms()
                 expired = [
                     r for r in claim.rows if r.deadline_ms is not None and r.deadline_ms < now

@@ -13,16 +13,18 @@ Each has its own static group membership (`<instance id>-w<n>`).
 
 Invariant: the workers live and die together. A worker that ends stops the others,
 and `redrive serve` exits non-zero naming it, so that the supervisor (systemd,
-Kubernetes) restarts the whole; a worker whose parent is gone, even SIGKILLed, stops
-itself within a second.
+Kubernetes) restarts the whole; a worker whose parent is gone, even SIGKILLed and
+even while the worker is still starting, stops itself within a second's notice.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Iterable, Iterator
 from typing import IO
@@ -209,13 +211,19 @@ def merged(own: Iterable[Metric], others: Iterable[Metric]) -> Iterator[Metric]:
     yield from by_name.values()
 
 
-def watch_parent(parent_pid: int, stop: threading.Event) -> None:
-    """In a child: set `stop` once the parent is gone (it may have been SIGKILLed)."""
+def watch_parent(parent_pid: int, grace_s: float = 60.0) -> None:
+    """In a child, from its first moment: once the parent is gone (it may have been
+    SIGKILLed), SIGTERM this process, as a supervisor would. Before the service runs
+    that ends it at once (whatever start-up was waiting for); once it runs, the service
+    stops as on any SIGTERM. One that has not ended `grace_s` later exits regardless."""
 
     def watch() -> None:
-        while not stop.wait(1.0):
-            if os.getppid() != parent_pid:
-                log.warning("parent process gone; stopping", parent=parent_pid)
-                stop.set()
+        while os.getppid() == parent_pid:
+            time.sleep(1.0)
+        log.warning("parent process gone; stopping", parent=parent_pid)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(grace_s)
+        log.error("still running after its parent went; exiting", parent=parent_pid)
+        os._exit(1)
 
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()

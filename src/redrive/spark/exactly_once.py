@@ -39,7 +39,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, TypeAlias
 
 import structlog
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -53,6 +53,12 @@ from redrive.transactional import TIMEOUT_S, retry_transactional
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    # A source batch's outputs (OUTPUT_SCHEMA), alone or with counts to add to the
+    # task's (redrive.spark.batches.Routed).
+    Handle: TypeAlias = Callable[
+        [pa.RecordBatch], pa.RecordBatch | tuple[pa.RecordBatch, Mapping[str, int]]
+    ]
+
 log = structlog.get_logger("redrive.spark")
 
 _COLUMNS: Final = ("topic", "key", "value", "headers", "partition")
@@ -63,11 +69,12 @@ SLICE_ROWS: Final = 1_000
 """Records handled between two looks at the clock."""
 TRANSACTION_TIMEOUT_MS: Final = 60_000
 
-STATS: Final = ("handled", "skipped", "results", "retried", "dead_lettered")
+STATS: Final = ("handled", "skipped", "results", "retried", "dead_lettered", "doubted")
 STATS_SCHEMA: Final = ", ".join(f"{name} LONG" for name in STATS)
 """The one row each task returns: records handled, records skipped (their outputs
-were written by an earlier attempt), and the outputs committed: results, retry
-requests, dead letters (told apart as :mod:`redrive.spark.observed` says)."""
+were written by an earlier attempt), the outputs committed: results, retry
+requests, dead letters (told apart as :mod:`redrive.spark.observed` says), and what the
+handling counted (records whose redrive headers were not believed, ``doubted``)."""
 
 
 @dataclass(frozen=True)
@@ -350,17 +357,19 @@ def _raise_refused(error: KafkaError | None, message: Any) -> None:
 
 def write_exactly_once(
     target: TransactionalTarget,
-    handle: Callable[[pa.RecordBatch], pa.RecordBatch],
+    handle: Handle,
     links: Links | None = None,
 ) -> Callable[[Iterable[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The ``mapInArrow`` function of an exactly-once pipeline: ``handle`` gives each
-    source batch's outputs, written here with ``links``' producers (the worker's
-    unless given); the task returns one row in STATS_SCHEMA."""
+    source batch's outputs (and, if it counts, its counts), written here with
+    ``links``' producers (the worker's unless given); the task returns one row in
+    STATS_SCHEMA."""
 
     def run(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         producers = worker_links() if links is None else links
         writer: PartitionWriter | None = None
         handled = skipped = 0
+        counted: Counter[str] = Counter()
         for batch in batches:
             for start in range(0, batch.num_rows, SLICE_ROWS):
                 piece = batch.slice(start, SLICE_ROWS)
@@ -369,7 +378,11 @@ def write_exactly_once(
                 skipped += piece.num_rows - todo.num_rows
                 if todo.num_rows == 0:
                     continue
-                writer.add(handle(todo), todo.column("offset")[-1].as_py() + 1)
+                outputs = handle(todo)
+                if isinstance(outputs, tuple):
+                    outputs, counts = outputs
+                    counted.update(counts)
+                writer.add(outputs, todo.column("offset")[-1].as_py() + 1)
                 handled += todo.num_rows
                 if writer.due():
                     writer.commit()
@@ -377,7 +390,7 @@ def write_exactly_once(
         if writer is not None:
             writer.commit()
             written = writer.written
-        yield stats_batch({"handled": handled, "skipped": skipped, **written})
+        yield stats_batch({"handled": handled, "skipped": skipped, **written, **counted})
 
     return run
 

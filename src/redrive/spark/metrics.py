@@ -30,6 +30,8 @@ OUTCOMES: Final = (
     "retried",
     "dead_lettered",
     "delivered",
+    "doubted",
+    "invalid_signature",
 )
 """The observed counts exported as ``redrive_spark_records_total{outcome=...}``."""
 
@@ -44,7 +46,9 @@ class SparkMetrics:
             "redrive_spark_records",
             "Records of redrive's Spark queries: read from Kafka (outcome read), and what "
             "became of them: handled, skipped (written by an earlier attempt), results, "
-            "retried, dead_lettered, delivered (the scheduler's).",
+            "retried, dead_lettered, delivered (the scheduler's); doubted (the pipeline's "
+            "records whose redrive headers it did not believe) and invalid_signature (the "
+            "scheduler's dead letters for a refused signature or a forged repeat).",
             ["query", "outcome"],
             registry=r,
         )

@@ -29,7 +29,11 @@ A retry's destination is the record's original topic, or with
 see this pipeline's retries. The retry service (``redrive serve``) or the Spark
 scheduler (:mod:`redrive.spark.scheduler`) delivers it there when due; the pipeline
 reads it again, learns its attempt count from its headers
-(:func:`redrive.headers.read_delivery_headers`) and calls the handler once more.
+(:func:`redrive.headers.read_delivery_headers`) and calls the handler once more: if it
+believes them (:mod:`redrive.returns`: they name the topic and partition it is read on
+and, with ``signing``, carry a signature of ours). Otherwise a record read on a source
+topic is a new record, and one read on the group's retry topic a dead letter
+(:mod:`redrive.spark.record_handler`).
 
 What a failure becomes is the failure router's decision (:mod:`redrive.router`), the
 same as in the Python consumer; this module only says where retries and dead letters
@@ -55,7 +59,7 @@ from typing import Any, Final, Unpack
 
 from redrive.policy import PolicyOptions, policy_among
 from redrive.signing import KeyRing
-from redrive.spark.batches import handle_batch, handle_batches
+from redrive.spark.batches import COUNTED_SCHEMA, handle_batches, route_batch
 from redrive.spark.delivery import EXACTLY_ONCE, AtLeastOnce, Delivery, ExactlyOnce
 from redrive.spark.exactly_once import STATS_SCHEMA, TransactionalTarget, write_exactly_once
 from redrive.spark.observed import pipeline_outcomes, written_outcomes
@@ -242,11 +246,13 @@ def start_pipeline(
             {"bootstrap.servers": bootstrap, **delivery.client_config},
         )
         written = _source(df).mapInArrow(
-            write_exactly_once(target, partial(handle_batch, record_handler)), STATS_SCHEMA
+            write_exactly_once(target, partial(route_batch, record_handler)), STATS_SCHEMA
         )
         writer = written_outcomes(written).writeStream.format("noop")
     else:
-        routed = _source(df).mapInArrow(handle_batches(record_handler), OUTPUT_SCHEMA)
+        routed = _source(df).mapInArrow(
+            handle_batches(record_handler, counted=True), COUNTED_SCHEMA
+        )
         writer = (
             pipeline_outcomes(routed)
             .writeStream.format("kafka")

@@ -5,13 +5,31 @@ record (through :mod:`redrive.spark.batches`), kept apart so that its routing ca
 read and tested on its own. :class:`Destinations` says where results, retries and dead
 letters go; what a failure becomes is the failure router's decision
 (:mod:`redrive.router`), the same as in the Python consumer.
+
+A record's redrive headers are believed only where :class:`redrive.returns.ReturnCheck`
+believes them (:meth:`RecordHandler.read`): they name the topic and partition the record
+was read on and, with keys, carry a signature of ours. Anyone who may write a topic may
+write those headers, and stream processors copy them from record to record. A record on
+a source topic whose headers are not believed is a new record (attempt 1, its failure
+named by where it was read); one on the group's retry topic (``per_group_topic``), where
+only returns belong, is refused: a dead letter, never handed to the handler. Both are
+counted (``doubted``) and logged with where they were read.
+
+With keys, every ``redrive-id`` written to the requests topic is sealed first
+(:meth:`redrive.signing.KeyRing.sealed_id`: deterministic, so a batch run again writes the
+same, and no outsider can compute it), then the request is signed.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, TypeAlias
+from typing import Final, Literal, TypeAlias
+
+import structlog
 
 from redrive.clock import Clock, now_ms
 from redrive.headers import (
@@ -23,9 +41,11 @@ from redrive.headers import (
     read_replay,
 )
 from redrive.policy import Policy
+from redrive.returns import ReturnCheck
 from redrive.router import (
     DeadLettered,
     FailedRecord,
+    Outcome,
     RetryTarget,
     Router,
     SourceRecord,
@@ -49,6 +69,63 @@ DeadLetterTarget: TypeAlias = Literal["service", "topic"]
 
 # The per-group retry topic of a topic: ``<group>.<topic>.retry``.
 retry_topic = per_group_retry_topic
+
+log = structlog.get_logger("redrive.spark")
+
+_RETRY_SUFFIX: Final = ".retry"
+LOG_EVERY_S: Final = 10.0
+"""At most one log line per source partition in this time for records not believed:
+a stream processor copying headers onto every record it writes would otherwise log
+each (they are all counted, ``doubted``)."""
+
+
+class _Throttle:
+    """When to log for a partition again, and how many records went unlogged since."""
+
+    def __init__(self) -> None:
+        self._last: dict[tuple[str, int], tuple[float, int]] = {}
+        self._lock = threading.Lock()
+
+    def due(self, topic: str, partition: int) -> int | None:
+        """The records not logged since the last line if one is due now, else None."""
+        now = time.monotonic()
+        with self._lock:
+            last, unlogged = self._last.get((topic, partition), (-LOG_EVERY_S, 0))
+            if now - last < LOG_EVERY_S:
+                self._last[topic, partition] = (last, unlogged + 1)
+                return None
+            self._last[topic, partition] = (now, 0)
+            return unlogged
+
+
+_throttle = _Throttle()
+
+
+class RefusedReturn(Exception):
+    """A record read on the group's retry topic that is not a return to the group: it
+    is never handled, and its dead letter names this error."""
+
+
+def has_redrive_headers(headers: list[Header]) -> bool:
+    """Whether any header is one of redrive's (most records carry none)."""
+    return any(is_redrive_header(name) for name, _ in headers)
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """What a record's headers say, as far as they are believed (:meth:`RecordHandler.read`)."""
+
+    delivery: RetryHeaders | None
+    """The redrive headers of a believed return; None for a new record."""
+    user_headers: list[Header]
+    """The record's own headers, the ``redrive-*`` ones removed."""
+    attempt: int
+    """The attempt about to run: 1 for a new record, n + 1 after n failures."""
+    doubt: str | None = None
+    """Why its redrive headers were not believed (None: believed, or there were none to
+    believe: a first delivery, another group's retry)."""
+    refused: bool = False
+    """Read on the group's retry topic and not a return: not to be handled."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +157,17 @@ class Destinations:
                 f"dead_letters must be 'service' or 'topic', got {self.dead_letters!r}"
             )
 
+    def served_by(self, topic: str) -> str | None:
+        """The source topic whose per-group retry topic ``topic`` is, when the pipeline
+        has one (``per_group_topic``); None for a source topic."""
+        prefix = f"{self.group}."
+        if not self.per_group_topic or not topic.startswith(prefix):
+            return None
+        served = topic[len(prefix) :].removesuffix(_RETRY_SUFFIX)
+        if not served or len(served) == len(topic) - len(prefix):
+            return None
+        return served
+
     def retry_destination(self, original_topic: str) -> str:
         """Where a retry of a record first read from ``original_topic`` is delivered."""
         if self.per_group_topic:
@@ -106,7 +194,10 @@ class RecordHandler:
     This is what the executors run for each record; it is separate from Spark so that
     its routing can be read and tested on its own. ``clock`` returns epoch ms.
     ``signing``: the keys what goes to the requests topic is signed with (retry
-    requests, and dead letters for the service); None: unsigned.
+    requests, and dead letters for the service; their ``redrive-id`` sealed first), and
+    a return's signature is checked with (:class:`redrive.returns.ReturnCheck`); None:
+    unsigned, and a return is believed when it names the topic and partition it is
+    read on.
     """
 
     handler: Handler
@@ -114,9 +205,17 @@ class RecordHandler:
     destinations: Destinations
     clock: Clock = field(default=now_ms, compare=False)
     signing: KeyRing | None = field(default=None, compare=False)
+    returns: ReturnCheck = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "returns", ReturnCheck(self.signing))
 
     def __call__(self, record: SourceRecord) -> OutputRecord | None:
-        delivery, user_headers, attempt = self.delivery(record.headers)
+        at = (record.topic, record.partition, record.offset)
+        reading = self.read(record.headers, record.key, record.value, at)
+        if reading.refused:
+            return self.refused(record, reading)
+        delivery, user_headers, attempt = reading.delivery, reading.user_headers, reading.attempt
         try:
             result = as_output_value(self.handler(record.key, record.value, user_headers, attempt))
         except (KeyboardInterrupt, SystemExit):
@@ -127,15 +226,64 @@ class RecordHandler:
             return None
         return OutputRecord(self.destinations.output_topic, record.key, result, user_headers)
 
-    def delivery(self, headers: list[Header]) -> tuple[RetryHeaders | None, list[Header], int]:
-        """What a record's headers say: its retry headers (None on a first delivery, or
-        another group's retry), the user's headers, and the attempt about to run."""
+    def read(
+        self,
+        headers: list[Header],
+        key: bytes | None,
+        value: bytes | None,
+        at: tuple[str, int, int],
+    ) -> Reading:
+        """What the headers of a record of ``key`` and ``value`` read ``at`` (topic,
+        partition, offset) say: its retry headers if they are believed (None on a first
+        delivery, for another group's retry, or for headers not believed), the user's
+        headers, the attempt about to run; and whether it is refused (read on the
+        group's retry topic, where every record must be a believed return)."""
+        topic, partition, _ = at
+        served = self.destinations.served_by(topic)
         # Most records carry no redrive header: skip the contract parsing for them.
-        if not any(is_redrive_header(name) for name, _ in headers):
-            return None, list(headers), 1
-        delivery = read_delivery(headers, self.destinations.group)
+        if not has_redrive_headers(headers):
+            if served is None:
+                return Reading(None, list(headers), 1)
+            return self._refused(at, list(headers), "it carries no redrive headers")
+        group = self.destinations.group
+        delivery = read_delivery(headers, group)
         user_headers = [(n, v) for n, v in headers if not is_redrive_header(n)]
-        return delivery, user_headers, delivery.attempt + 1 if delivery is not None else 1
+        if delivery is not None:
+            doubt = self.returns.doubt(
+                headers, key, value, delivery, (topic, partition), destination=topic
+            )
+            if doubt is None:
+                return Reading(delivery, user_headers, delivery.attempt + 1)
+        elif served is None:  # a first delivery, or another group's retry: new to this one
+            return Reading(None, user_headers, 1)
+        else:
+            doubt = f"its redrive headers are not a return to group {group!r}"
+        if served is not None:
+            return self._refused(at, user_headers, doubt)
+        _log_doubt("redrive headers not believed: handled as a new record", at, doubt)
+        return Reading(None, user_headers, 1, doubt)
+
+    def _refused(self, at: tuple[str, int, int], user_headers: list[Header], why: str) -> Reading:
+        _log_doubt("record on the group's retry topic refused: a dead letter, not handled", at, why)
+        return Reading(None, user_headers, 1, why, refused=True)
+
+    def refused(self, record: SourceRecord, reading: Reading) -> OutputRecord:
+        """The dead letter of a record :meth:`read` refused: named by where it was read,
+        its home the topic whose retry topic it was read on (where a replay goes)."""
+        failure = self._failure(record, None, reading.user_headers, 1)
+        home = self.destinations.served_by(record.topic) or record.topic
+        problem = (
+            f"read on {record.topic!r}, the group's retry topic, without a return's "
+            f"redrive headers: {reading.doubt}"
+        )
+        outcome = Router(self.policy, self.destinations.group, self.clock).reject(
+            failure,
+            RefusedReturn(problem),
+            problem,
+            dead_letters=self.destinations.dead_letter_topic(home),
+            home=home,
+        )
+        return self._written(outcome, record, reading.user_headers)
 
     def failed(
         self,
@@ -147,18 +295,7 @@ class RecordHandler:
     ) -> OutputRecord:
         """The retry request or dead letter for a record whose handler raised ``error``,
         as the failure router (:mod:`redrive.router`) decides it."""
-        failure = FailedRecord(
-            record.topic,
-            record.partition,
-            record.offset,
-            record.timestamp_ms,
-            record.key,
-            record.value,
-            user_headers,
-            delivery,
-            attempt,
-            read_replay(record.headers),
-        )
+        failure = self._failure(record, delivery, user_headers, attempt)
         home = record.topic
         if delivery is not None and delivery.original_topic:
             home = delivery.original_topic
@@ -171,6 +308,33 @@ class RecordHandler:
             dead_letters=destinations.dead_letter_topic(home),
             home=home,
         )
+        return self._written(outcome, record, user_headers)
+
+    @staticmethod
+    def _failure(
+        record: SourceRecord,
+        delivery: RetryHeaders | None,
+        user_headers: list[Header],
+        attempt: int,
+    ) -> FailedRecord:
+        return FailedRecord(
+            record.topic,
+            record.partition,
+            record.offset,
+            record.timestamp_ms,
+            record.key,
+            record.value,
+            user_headers,
+            delivery,
+            attempt,
+            read_replay(record.headers),
+        )
+
+    def _written(
+        self, outcome: Outcome, record: SourceRecord, user_headers: list[Header]
+    ) -> OutputRecord:
+        """The row of a retry request or dead letter: to the requests topic with its id
+        sealed and signed when there are keys."""
         if isinstance(outcome, DeadLettered):
             topic, headers, partition = outcome.topic, outcome.headers, None
         else:
@@ -182,10 +346,24 @@ class RecordHandler:
                 outcome.request,
                 outcome.target.partition,
             )
-        written = encode(headers, user_headers)
-        if self.signing is not None and topic == destinations.requests_topic:
-            written = self.signing.signed(written, record.key, record.value)
+        signing = self.signing
+        if signing is None or topic != self.destinations.requests_topic:
+            return OutputRecord(
+                topic, record.key, record.value, encode(headers, user_headers), partition
+            )
+        if headers.id is not None:
+            headers = dataclasses.replace(headers, id=signing.sealed_id(headers.id))
+        written = signing.signed(encode(headers, user_headers), record.key, record.value)
         return OutputRecord(topic, record.key, record.value, written, partition)
+
+
+def _log_doubt(event: str, at: tuple[str, int, int], why: str) -> None:
+    topic, partition, offset = at
+    unlogged = _throttle.due(topic, partition)
+    if unlogged is not None:
+        log.warning(
+            event, topic=topic, partition=partition, offset=offset, why=why, unlogged=unlogged
+        )
 
 
 def as_output_value(result: object) -> bytes | None:

@@ -3,29 +3,34 @@
 For users who outgrow one machine, this query does what ``redrive serve``'s intake and
 scheduler do, with Spark state instead of PostgreSQL:
 
-1. Read the requests topic (``includeHeaders``), and hash the requests into buckets
-   by destination and message key (a request without a key by its coordinates), so
-   that a key's retries stay in one place, the work spreads over partitions, and the
-   Python work is one call per bucket and batch, not one per key.
-2. In ``transformWithStateInPandas`` (:class:`RetryScheduler`), check each request
-   with the retry service's own :func:`redrive.requests.classify`: the same
-   header contract, destination allowlist, deadline and topic checks. An invalid
-   request becomes a dead letter on the DLQ topic, with the request's headers and
-   ``redrive-dead-letter-reason`` carrying the same reason text the service gives.
-3. A request already due is delivered at once. Any other is filed in its bucket's
-   state by due second (:mod:`redrive.spark.due_index`), and the bucket keeps ONE
-   processing-time timer, at its earliest due time.
+1. Read the requests topic (``includeHeaders``), and judge each request where it is
+   read, with the retry service's own :func:`redrive.requests.classify`: the same
+   header contract, signature check, destination allowlist, deadline and topic checks
+   (:mod:`redrive.spark.scheduler_intake`). An invalid request becomes a dead letter on
+   the DLQ topic, with the request's headers and ``redrive-dead-letter-reason``
+   carrying the same reason text the service gives, under an identity of its own.
+2. Drop the repeats of requests accepted before (by identity and content, within
+   ``repeat_window_ms``), and find the forgeries: a different request under the
+   identity of one accepted before is a dead letter with reason ``invalid signature``
+   (:mod:`redrive.spark.repeats`).
+3. Hash the requests into buckets by message key (a request without a key by its
+   identity), so that a key's retries stay in one place, the work spreads over
+   partitions, and the Python work is one call per bucket and batch, not one per key:
+   ``transformWithStateInPandas`` (:class:`RetryScheduler`). A request already due is
+   delivered at once. Any other is filed in its bucket's state by due second
+   (:mod:`redrive.spark.due_index`), and the bucket keeps ONE processing-time timer,
+   at its earliest due time.
 4. When that timer fires (``handleExpiredTimer``), deliver every message of the bucket
    that is due, in due order: to its destination, with its original key, its
-   ``redrive-partition`` when set, and its headers unchanged; then set the timer to
-   the next due time. One whose deadline passed while it waited, whose topic
-   disappeared, or that the destination's broker would refuse for good (too large
-   for the topic, no key for a compacted topic: see
+   ``redrive-partition`` when set, and its headers unchanged (its signature too, which
+   names the destination: its reader believes its redrive headers by it,
+   :mod:`redrive.returns`; the scheduler adds no header to a delivery, so signs none);
+   then set the timer to the next due time. One whose deadline passed while it waited,
+   whose topic disappeared, or that the destination's broker would refuse for good
+   (too large for the topic, no key for a compacted topic: see
    :class:`~redrive.spark.scheduler_rules.DeliveryCheck`), is a dead letter instead,
    and the query goes on.
-5. A request the query accepted before (by its identity, within ``repeat_window_ms``)
-   is dropped before the buckets: :mod:`redrive.spark.repeats`.
-6. Deliveries and dead letters leave through ONE Kafka sink, each row naming its
+5. Deliveries and dead letters leave through ONE Kafka sink, each row naming its
    ``topic``. The query is checkpointed: Kafka offsets, state and timers survive a
    restart, and timers that came due while it was stopped fire on its first batch.
 
@@ -43,8 +48,10 @@ Delivery is at-least-once, as everywhere in redrive: a batch that fails half-way
 run again after a restart, which may deliver some messages twice, never zero times.
 
 Beside this module: :mod:`redrive.spark.scheduler_rules` (what requests are checked
-against, on the executors), :mod:`redrive.spark.due_index` (where a bucket files its
-messages), :mod:`redrive.spark.pending_messages` (a message as it waits in state) and
+against, on the executors), :mod:`redrive.spark.scheduler_intake` (where they are
+judged), :mod:`redrive.spark.repeats` (repeats and forgeries),
+:mod:`redrive.spark.due_index` (where a bucket files its messages),
+:mod:`redrive.spark.pending_messages` (a message as it waits in state) and
 :mod:`redrive.spark.output` (the rows written).
 """
 
@@ -54,16 +61,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 
 from redrive.errors import ConfigError
-from redrive.headers import DESTINATION, Header
-from redrive.records import DeadLetterRecord, Release
-from redrive.requests import Incoming, IntakeRules, classify
+from redrive.requests import IntakeRules
 from redrive.signing import SignatureCheck
 from redrive.spark.delivery import EXACTLY_ONCE, Delivery
 from redrive.spark.due_index import DueIndex, slot_of
 from redrive.spark.observed import scheduler_outcomes
 from redrive.spark.output import OUTPUT_SCHEMA, OutputRecord, dlq_record, frame
 from redrive.spark.pending_messages import PendingMessage, pack, unpack
-from redrive.spark.repeats import header_value, without_repeats
+from redrive.spark.repeats import FORGED_REASON, forgeries, without_repeats
+from redrive.spark.scheduler_intake import bucket_rows, judged, pending_of
 from redrive.spark.scheduler_rules import DeliveryCheck, SchedulerRules
 from redrive.spark.scheduler_sink import scheduler_writer
 from redrive.spark.scheduler_topics import ensure_topics, request_size_limit
@@ -107,17 +113,6 @@ def _gone(message: PendingMessage) -> str:
     """Why a message whose destination topic disappeared while it waited is not
     delivered, in the service's words (its UNKNOWN_DESTINATION)."""
     return f"destination topic {message.delivery.topic!r} does not exist"
-
-
-def _headers(value: Any) -> list[Header]:
-    """Kafka source headers as pandas hands them over (an array of dicts, or None)."""
-    if value is None:
-        return []
-    return [(h["key"], None if h["value"] is None else bytes(h["value"])) for h in value]
-
-
-def _optional_bytes(value: Any) -> bytes | None:
-    return None if value is None else bytes(value)
 
 
 class RetryScheduler(StatefulProcessor):
@@ -222,34 +217,29 @@ class RetryScheduler(StatefulProcessor):
         out: list[OutputRecord] = []
         due: list[PendingMessage] = []
         later: dict[int, list[PendingMessage]] = {}
-        for pdf in rows:
-            for topic, partition, offset, msg_key, value, headers in zip(
-                pdf["topic"],
-                pdf["partition"],
-                pdf["offset"],
-                pdf["key"],
-                pdf["value"],
-                pdf["headers"],
-                strict=True,
-            ):
-                request = Incoming(
-                    str(topic),
-                    int(partition),
-                    int(offset),
-                    _optional_bytes(msg_key),
-                    _optional_bytes(value),
-                    _headers(headers),
-                )
-                result = classify(request, self.intake, now)
-                if isinstance(result, Release):
-                    continue  # never: keeps_order=False refuses every ordered request
-                if isinstance(result, DeadLetterRecord):
-                    out.append(dlq_record(result, result.reason, self.rules.dlq_topic))
-                elif result.due_ms <= now and deliver_now:
-                    due.append(PendingMessage.of(result))
-                else:
-                    waiting = PendingMessage.of(result)
-                    later.setdefault(slot_of(result.due_ms), []).append(waiting)
+        markers, candidates, verdicts = bucket_rows(rows)
+        dlq = self.rules.dlq_topic
+        for forged, candidate, (headers, refusal, pending) in zip(
+            forgeries(candidates, markers), candidates, verdicts, strict=True
+        ):
+            request = OutputRecord(dlq, candidate.key, candidate.value, headers)
+            if forged:
+                out.append(dlq_record(request, FORGED_REASON, dlq))
+                continue
+            if pending is None:
+                out.append(dlq_record(request, refusal or "", dlq))
+                continue
+            due_ms, destination, partition, deadline_ms = pending_of(pending)
+            message = PendingMessage(
+                due_ms,
+                OutputRecord(destination, candidate.key, candidate.value, headers, partition),
+                deadline_ms,
+                candidate.read_at,
+            )
+            if due_ms <= now and deliver_now:
+                due.append(message)
+            else:
+                later.setdefault(slot_of(due_ms), []).append(message)
         out += self._deliver(due, now)
         for slot, messages in later.items():
             packed = pack(messages)
@@ -300,11 +290,13 @@ def scheduler_dataframe(
     """The scheduler's transformation: requests (a Kafka source DataFrame read with
     ``includeHeaders``) in, a DataFrame in the Kafka sink's shape out.
 
-    Requests are grouped into ``buckets`` by a hash of destination and key (a request
-    without a key by its coordinates: it has no order to keep), so that a key's
-    requests are always in the same bucket and the Python work is one call per bucket
-    and batch, not one per key. ``buckets`` defaults to :data:`BUCKETS_PER_PARTITION`
-    times ``spark.sql.shuffle.partitions``.
+    Requests are judged where they are read (:mod:`redrive.spark.scheduler_intake`),
+    their repeats dropped and forgeries marked (:mod:`redrive.spark.repeats`), and they
+    are grouped into ``buckets`` by a hash of their message key (a request without a
+    key by its identity: it has no order to keep), so that a key's requests are always
+    in the same bucket, and so are the copies of one request, and the Python work is
+    one call per bucket and batch, not one per key. ``buckets`` defaults to
+    :data:`BUCKETS_PER_PARTITION` times ``spark.sql.shuffle.partitions``.
 
     One tick row per micro-batch (the ``rate-micro-batch`` source) is mixed into the
     requests. Spark runs a micro-batch without new input only when the previous batch
@@ -317,20 +309,13 @@ def scheduler_dataframe(
     if buckets is None:
         partitions = int(requests.sparkSession.conf.get("spark.sql.shuffle.partitions"))
         buckets = BUCKETS_PER_PARTITION * partitions
-    destination = header_value(DESTINATION)
-    unkeyed = F.when(F.col("key").isNull(), F.format_string("%d:%d", "partition", "offset"))
-    bucket = F.pmod(F.xxhash64(destination, F.col("key"), unkeyed), F.lit(buckets)).cast("int")
-    columns = {
-        "bucket": "int",
-        "key": "binary",
-        "topic": "string",
-        "partition": "int",
-        "offset": "bigint",
-        "value": "binary",
-        "headers": "array<struct<key: string, value: binary>>",
-    }
-    requests = without_repeats(requests, rules.repeat_window_ms)
-    requests = requests.select(bucket.alias("bucket"), *[c for c in columns if c != "bucket"])
+    key = F.col("key")
+    spread = F.when(key.isNull(), F.xxhash64(F.lit(0), F.col("identity")))
+    bucket = F.pmod(spread.otherwise(F.xxhash64(key)), F.lit(buckets)).cast("int")
+    kept = without_repeats(
+        judged(requests, rules).withColumn("bucket", bucket), rules.repeat_window_ms
+    )
+    columns = dict(kept.dtypes)
     ticks = (
         requests.sparkSession.readStream.format("rate-micro-batch")
         .option("rowsPerBatch", 1)
@@ -342,7 +327,7 @@ def scheduler_dataframe(
             ]
         )
     )
-    grouped = requests.unionByName(ticks).groupBy("bucket")
+    grouped = kept.unionByName(ticks).groupBy("bucket")
     scheduled = grouped.transformWithStateInPandas(
         statefulProcessor=RetryScheduler(rules),
         outputStructType=OUTPUT_SCHEMA,

@@ -32,6 +32,7 @@ from redrive.consumer.message import Message
 from redrive.consumer.outcomes import Outcomes
 from redrive.consumer.pipeline import Pipeline
 from redrive.consumer.publisher import publisher_for
+from redrive.consumer.refusals import DEFAULT_RULE, ReturnRule, return_check
 from redrive.consumer.registry import Routes
 from redrive.consumer.repeats import DEFAULT_REPEAT_WINDOW, RecentIds
 from redrive.consumer.routes import HandlerOptions, RouteOptions
@@ -70,8 +71,9 @@ class ShareApp(Routes, Running):
 
     ``kafka`` adds librdkafka settings to the share consumer and the producer alike;
     ``consumer_kafka`` to the share consumer only. ``requests_topic``, ``partitioner``,
-    ``repeat_window``, ``signing``, ``on_retry``, ``on_dead_letter``, ``metrics_port`` and
-    ``metrics_host`` are :class:`redrive.App`'s. Where a share group starts reading a
+    ``repeat_window``, ``signing``, ``returns``, ``on_retry``, ``on_dead_letter``,
+    ``metrics_port`` and ``metrics_host`` are :class:`redrive.App`'s (``returns`` for
+    the per-group topic, its one retry path). Where a share group starts reading a
     topic is the group's own setting (``share.auto.offset.reset``, ``latest`` unless
     set: see docs/share-groups.md).
     """
@@ -90,6 +92,7 @@ class ShareApp(Routes, Running):
         on_retry: RetryHook | None = None,
         on_dead_letter: DeadLetterHook | None = None,
         signing: KeyRing | None = None,
+        returns: ReturnRule = DEFAULT_RULE,
         registry: CollectorRegistry | None = None,
         metrics_port: int | None = None,
         metrics_host: str = "127.0.0.1",
@@ -110,6 +113,8 @@ class ShareApp(Routes, Running):
             polling=Polling(500, poll_timeout_s, 1.0, DEFAULT_MAX_IN_FLIGHT),
             hooks=Hooks(on_retry, on_dead_letter),
             signing=signing,
+            returns=returns,
+            returns_setting="ShareApp(returns=...)",
         )
         Routes.__init__(self, settings)
         self.share_metrics = ShareMetrics(registry)
@@ -165,11 +170,14 @@ class ShareApp(Routes, Running):
             publisher,
             self.metrics,
             self.settings.hooks,
-            RecentIds(self.settings.repeat_window),
+            RecentIds(self.settings.repeat_window, self.settings.unsigned_returns),
             transactional=False,
+            returns=self.settings.returns,
+            signing=self.settings.signing is not None,
         )
         steps = build_steps(self.routes.values(), KeyOrders(None, None), Breakers())
-        pipeline = Pipeline(self.group, self._reads, steps, outcomes, Breakers())
+        check = return_check(self.settings.signing, self.settings.returns)
+        pipeline = Pipeline(self.group, self._reads, steps, outcomes, Breakers(), check=check)
         consumer = ShareConsumer(
             {
                 **config,

@@ -67,7 +67,7 @@ class Settler:
             headers = dataclasses.replace(outcome.headers, id=share_id)
             dead = dataclasses.replace(outcome, headers=headers)
             outcomes.dead_letter(route, failure, dead, message, error)
-            outcomes.remember_handed_off(message.retry, done=True)
+            outcomes.remember_handed_off(failure, done=True)
             return REJECT
         outcomes.metrics.records.labels(route.topic, "retried").inc()
         outcomes.call_hook(outcomes.hooks.on_retry, message, outcome.decision, error)
@@ -84,7 +84,7 @@ class Settler:
             redrive=dataclasses.replace(outcome.request, id=share_id),
             partition=outcome.target.partition,
         )
-        outcomes.remember_handed_off(message.retry, done=False)
+        outcomes.remember_handed_off(failure, done=False)
         return ACCEPT
 
 

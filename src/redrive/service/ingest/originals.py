@@ -67,6 +67,7 @@ class Originals:
                 letter,
                 reason=f"{letter.reason}; the record is no longer in {where}: "
                 "its key, value and headers are unknown",
+                record_missing=True,
             )
         key, value, headers, timestamp = found
         return dataclasses.replace(

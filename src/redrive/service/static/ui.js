@@ -287,7 +287,7 @@
     const bar = $("[data-job-bar]", root);
     if (bar) {
       bar.max = job.total;
-      bar.value = job.settled;
+      bar.value = job.worked;
       bar.textContent = `${job.percent}%`;
     }
     const percent = $("[data-job-percent]", root);

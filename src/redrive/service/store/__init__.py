@@ -5,7 +5,8 @@ its one door. Callers get typed methods, never a connection:
 
 - :mod:`.intake_writes`: intake's batches of pending retries and dead letters, and
   the identities of the requests accepted (:mod:`.identity_backfill` fills them in
-  for rows stored before they were kept);
+  for rows stored before they were kept) with their contents, which tell a repeat
+  from a forgery (:mod:`.forgeries`);
 - :mod:`.claims`: the scheduler's claims of due rows and what became of them;
 - :mod:`.key_queues`: the retries of one key delivered in order, in runs;
 - :mod:`.dead_letters`, :mod:`.pending`: what operators browse, delete and retry,
@@ -39,6 +40,7 @@ import psycopg
 import psycopg_pool
 
 from redrive.records import DeadLetterRecord, PendingRetry, Release
+from redrive.requests import Incoming
 from redrive.service.migrations import migrate
 from redrive.service.store import (
     audit,
@@ -206,10 +208,13 @@ class Store:
         releases: Sequence[Release] = (),
         *,
         now_ms: int,
+        read: Sequence[Incoming] = (),
     ) -> Stored:
-        """Insert a batch durably in one transaction, without its repeats (requests
-        accepted before: :mod:`.intake_writes`). ``releases`` let the next of their key
-        queues go (:mod:`.key_queues`). Schedulers listening on NOTIFY_CHANNEL learn the
+        """Insert a batch durably in one transaction, without its repeats (copies of
+        requests accepted before: :mod:`.intake_writes`), its forgeries (other requests
+        under their identities) dead letters of their own. ``releases`` let the next of
+        their key queues go (:mod:`.key_queues`). ``read``: the batch's messages, which
+        a forgery's letter keeps. Schedulers listening on NOTIFY_CHANNEL learn the
         batch's earliest due time when the transaction commits.
         """
         with self._conn() as conn:
@@ -220,6 +225,7 @@ class Store:
                 releases,
                 now_ms=now_ms,
                 quarantine_after=self.quarantine_after_replays,
+                read=read,
             )
 
     def prune_accepted(self, *, before_ms: int, limit: int) -> int:

@@ -18,7 +18,7 @@ import psycopg
 import structlog
 
 from redrive.clock import now_ms as clock_ms
-from redrive.headers import RUN, Header
+from redrive.headers import DESTINATION, PARTITION, RUN, Header
 from redrive.reasons import DeadLetterReason
 from redrive.service.store import history, key_queues
 from redrive.service.store.error_groups import grouping_of, record_groups
@@ -117,6 +117,10 @@ class ClaimedRetry:
     deadline_ms: int | None
     order_queue: bytes | None = None
     """The key queue it is of (:mod:`.key_queues`), if it keeps its key's order."""
+    as_stored: list[Header] | None = None
+    """Its headers as stored, when the claim changed its redrive headers (a run's mark;
+    a record of a run going where its head goes): the request's signature was made over
+    those, and must be made again over ``headers`` for its reader to verify it."""
 
 
 DeadRow = tuple[int, DeadLetterReason, str]
@@ -172,11 +176,29 @@ def _claimed(
     row: key_queues.RunRow, run: list[Header] | None = None, head: ClaimedRetry | None = None
 ) -> ClaimedRetry:
     headers = unpack_headers(row[6])
+    if run is None:
+        return ClaimedRetry(row[0], row[1], row[2], row[3], row[4], row[5], headers, row[7], row[8])
     to, partition = (row[2], row[3]) if head is None else (head.destination, head.partition)
+    delivered = headers + run
+    if (to, partition) != (row[2], row[3]):
+        # Its redrive headers name where it goes, as its reader checks a return's do.
+        delivered = _delivered_to(delivered, to, partition)
     return ClaimedRetry(
-        row[0], row[1], to, partition, row[4], row[5],
-        headers + run if run else headers, row[7], row[8],
-    )  # fmt: skip
+        row[0], row[1], to, partition, row[4], row[5], delivered, row[7], row[8], headers
+    )
+
+
+def _delivered_to(headers: list[Header], topic: str, partition: int | None) -> list[Header]:
+    """``headers`` naming ``topic`` (and ``partition``, or none) as the destination."""
+    moved: list[Header] = []
+    for name, value in headers:
+        if name == DESTINATION:
+            moved.append((name, topic.encode()))
+        elif name != PARTITION:
+            moved.append((name, value))
+    if partition is not None:
+        moved.append((PARTITION, b"%d" % partition))
+    return moved
 
 
 def next_due_ms(conn: psycopg.Connection[Any]) -> int | None:

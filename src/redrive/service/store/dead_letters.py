@@ -22,7 +22,8 @@ COLUMNS: Final = """
 id, topic, msg_key, msg_value, headers, attempt, group_id, original_topic,
 original_partition, original_offset, original_timestamp, error_type, error_message,
 error_trace, reason_code, reason, source, request_topic, request_partition,
-request_offset, dead_at, fingerprint, error_group, replays, replay_of, quarantined_at
+request_offset, dead_at, fingerprint, error_group, replays, replay_of, quarantined_at,
+record_missing
 """
 
 

@@ -61,6 +61,9 @@ class DeadLetter(StoredMessage):
     quarantined_at: datetime | None = None
     """When the loop guard quarantined it (None: not quarantined): it had come back
     dead after the service's ``quarantine_after_replays`` replays."""
+    record_missing: bool = False
+    """Its record is unknown (:attr:`redrive.records.DeadLetterRecord.record_missing`):
+    it holds no key, value or headers to replay."""
 
     @property
     def quarantined(self) -> bool:

@@ -36,7 +36,7 @@ from redrive.service.web.params import (
     REFUSALS,
     confirmed,
     dead_letter_filter,
-    describe_filter,
+    described_in,
     explain,
     field,
     local_url,
@@ -216,7 +216,7 @@ def selection_of(p: Posted, scope: str) -> tuple[dict[str, Any], str]:
     except ValueError as exc:
         raise ValueError(f"Bad filter: {exc}") from None
     count = p.store.count_dead_letters(flt)
-    described = describe_filter(raw)
+    described = described_in(p.store, raw)
     what = (
         f"all {plural(count, 'dead letter')} matching {described}"
         if described
@@ -255,7 +255,7 @@ def _replay_many(p: Posted, body: dict[str, Any], back: str) -> Response:
         text += f", from {job.start_at.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
     text += "."
     if job.skipped:
-        text += f" {plural(job.skipped, 'quarantined dead letter')} skipped."
+        text += f" {plural(job.skipped, 'dead letter')} skipped (the job says why)."
     if started.remaining:
         # Replaying again now would pick the letters this job still has to send.
         text += (

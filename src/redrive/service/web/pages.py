@@ -30,6 +30,7 @@ from redrive.service.web.params import (
     FILTER_FIELDS,
     dead_letter_filter,
     describe_filter,
+    described_in,
     explain,
     field,
     here,
@@ -226,7 +227,7 @@ def dead_letters(
         error=error,
         matching=matching,
         filtered=bool(filter_query),
-        described=describe_filter(raw),
+        described=described_in(store, raw) if error is None else describe_filter(raw),
         back=this_page,
         back_q=quote(this_page, safe=""),
         first_page=bool(cursor),
@@ -236,6 +237,7 @@ def dead_letters(
         first_url="/dead-letters" + query(**filter_query),
         export_url="/api/v1/dead-letters/export" + query(**filter_query),
         suggest=pages.suggestions(),
+        error_groups=[(g.error_group, g.title) for g in store.error_groups(limit=100)],
     )
 
 
@@ -413,7 +415,7 @@ def _filter_fields(flt: dict[str, Any]) -> dict[str, str]:
     return raw
 
 
-def _job(row: ReplayJob) -> dict[str, Any]:
+def _job(row: ReplayJob, store: Store) -> dict[str, Any]:
     """A job as the pages show it: the API's view, with its selection in words."""
     job = replay_job_view(row)
     flt = job["filter"]
@@ -421,7 +423,7 @@ def _job(row: ReplayJob) -> dict[str, Any]:
     if flt is None:
         selection = f"{plural(job['total'], 'dead letter')} chosen by id"
     else:
-        selection = describe_filter(raw) or "every dead letter"
+        selection = described_in(store, raw) or "every dead letter"
     return {
         **job,
         "summary": job_summary(job),
@@ -429,7 +431,12 @@ def _job(row: ReplayJob) -> dict[str, Any]:
         # The letters it left (failed, cancelled, or kept) are found by the same search.
         "search_url": "/dead-letters" + query(**raw) if flt is not None else None,
         "rate_text": per_second(job["rate"]),
-        "percent": round(job["progress"] * 100),
+        # The bar shows the letters the job went through: a cancelled job's cancelled
+        # letters were never tried, so it ends where the job stopped, not full.
+        "worked": job["settled"] - job["cancelled"],
+        "percent": round((job["settled"] - job["cancelled"]) * 100 / job["total"])
+        if job["total"]
+        else 100,
     }
 
 
@@ -441,12 +448,12 @@ def _replay_job(store: Store, job_id: int) -> ReplayJob | None:
 
 
 @router.get("/jobs", response_class=HTMLResponse)
-def jobs(request: Request, who: Reader, pages: PagesDep, ops: Ops) -> Response:
+def jobs(request: Request, who: Reader, pages: PagesDep, ops: Ops, store: StoreDep) -> Response:
     cursor = field(request.query_params, "cursor")
     error, rows, next_cursor = None, [], None
     try:
         found, next_cursor = ops.replay_jobs(limit=PAGE_SIZE, cursor=cursor or None)
-        rows = [_job(r) for r in found]
+        rows = [_job(r, store) for r in found]
     except FilterError as exc:
         error = explain(exc)
     return pages.render(
@@ -468,7 +475,7 @@ def job(request: Request, job_id: int, who: Reader, pages: PagesDep, store: Stor
     if row is None:
         text = f"Replay job {job_id} does not exist."
         return pages.error(request, who, 404, "Not found", text, back="/jobs")
-    return pages.render(request, "job.html", who, nav="jobs", job=_job(row))
+    return pages.render(request, "job.html", who, nav="jobs", job=_job(row, store))
 
 
 @router.get("/jobs/{job_id:int}.json")
@@ -480,7 +487,7 @@ def job_progress(job_id: int, who: Reader, store: StoreDep) -> Response:
         return JSONResponse(
             {"detail": f"no replay job {job_id}"}, 404, headers=session.SECURITY_HEADERS
         )
-    return JSONResponse(_job(row), headers=session.SECURITY_HEADERS)
+    return JSONResponse(_job(row, store), headers=session.SECURITY_HEADERS)
 
 
 # ------------------------------------------------------------------ sign in

@@ -13,29 +13,12 @@ from pydantic import ValidationError
 
 from redrive.service.filters import DeadLetterFilter, FilterError
 from redrive.service.refusals import ActionRefused
+from redrive.service.store import Store
 
-FILTER_FIELDS = (
-    "topic",
-    "group",
-    "error_type",
-    "text",
-    "reason",
-    "source",
-    "ingested_from",
-    "since",
-    "until",
-)
-FILTER_LABELS = {
-    "topic": "topic",
-    "group": "group",
-    "error_type": "error type",
-    "text": "error text",
-    "reason": "reason",
-    "source": "source",
-    "ingested_from": "ingested from",
-    "since": "since",
-    "until": "until",
-}
+# The dead-letter filter's fields, as the API's model has them: the search form, the
+# bulk forms' hidden fields, job descriptions and their links all take these.
+FILTER_FIELDS = tuple(DeadLetterFilter.model_fields)
+FILTER_LABELS = {name: f.title or name for name, f in DeadLetterFilter.model_fields.items()}
 
 # What an operator action or a filter may refuse with; `explain` says why in a sentence.
 REFUSALS = (ActionRefused, ValidationError, FilterError, ValueError)
@@ -110,9 +93,23 @@ def dead_letter_filter(values: Mapping[str, Any]) -> tuple[DeadLetterFilter, dic
         raise ValueError(explain(exc)) from None
 
 
-def describe_filter(raw: Mapping[str, str]) -> str:
-    parts = [f"{FILTER_LABELS[k]} {raw[k]!r}" for k in FILTER_FIELDS if raw.get(k)]
+def describe_filter(raw: Mapping[str, str], group_title: str | None = None) -> str:
+    """The filter in words; an error group by its id and, if given, its title."""
+    parts = []
+    for name in FILTER_FIELDS:
+        if raw.get(name):
+            said = f"{FILTER_LABELS[name]} {raw[name]!r}"
+            if name == "error_group" and group_title:
+                said += f" ({group_title})"
+            parts.append(said)
     return ", ".join(parts)
+
+
+def described_in(store: Store, raw: Mapping[str, str]) -> str:
+    """The filter in words, an error group named by its title while it has letters."""
+    group = raw.get("error_group")
+    found = store.error_group(group) if group else None
+    return describe_filter(raw, found.title if found else None)
 
 
 def plural(count: int, word: str) -> str:

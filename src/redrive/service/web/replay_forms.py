@@ -1,11 +1,17 @@
 """The web UI's replay previews (dry runs): the "Preview" buttons of the replay forms.
 
-The bulk form's preview buttons (selected letters, or all matching) and a dead
-letter's own preview post here, through the same checks as every action form
-(:func:`.forms.form_action`: CSRF, an operator's session), and are answered with a
-page saying what the replay would send where (:mod:`redrive.service.replay_preview`,
+The bulk form's preview buttons (selected letters, or all matching), an error group's
+and a dead letter's own preview post here, through the same checks as every action
+form (:func:`.forms.form_action`: CSRF, an operator's session), and are answered with
+a page saying what the replay would send where (:mod:`redrive.service.replay_preview`,
 the dry run the API answers too); nothing is sent or changed but the audit log.
+
+The preview page ends with the replay it previewed: a form carrying the very fields
+the preview was asked with (the selection, its start time, destination, keep), so
+the replay that runs is of the selection that was counted.
 """
+
+from dataclasses import dataclass
 
 from fastapi.responses import Response
 from pydantic import ValidationError
@@ -13,11 +19,33 @@ from pydantic import ValidationError
 from redrive.service.actions import ReplayMany, ReplayOne
 from redrive.service.replay_preview import Preview
 from redrive.service.web.forms import Posted, form_action, selection_of, start_time
-from redrive.service.web.params import REFUSALS, explain, local_url, query
+from redrive.service.web.params import FILTER_FIELDS, REFUSALS, explain, local_url, query
 from redrive.service.web.representations import preview_view
 
+# What a bulk preview was asked with, besides the filter's fields.
+_BULK_FIELDS = ("ids", "all", "start_at")
+_ONE_FIELDS = ("destination", "keep", "override_quarantine")
 
-def _shown(p: Posted, shown: Preview, what: str, back: str) -> Response:
+
+@dataclass(frozen=True)
+class ReplayStep:
+    """The form that runs the previewed replay: where it posts, and its fields."""
+
+    action: str
+    fields: list[tuple[str, str]]
+
+
+def _carried(p: Posted, names: tuple[str, ...]) -> list[tuple[str, str]]:
+    """The posted fields among `names`, each value as sent (a list field repeated)."""
+    return [
+        (name, value)
+        for name in names
+        for value in p.form.getlist(name)
+        if isinstance(value, str) and value.strip()
+    ]
+
+
+def _shown(p: Posted, shown: Preview, what: str, back: str, step: ReplayStep) -> Response:
     return p.pages.render(
         p.request,
         "replay_preview.html",
@@ -26,6 +54,7 @@ def _shown(p: Posted, shown: Preview, what: str, back: str) -> Response:
         preview=preview_view(shown),
         what=what,
         back=back,
+        step=step,
     )
 
 
@@ -43,7 +72,12 @@ def preview_many(p: Posted) -> Response:
         return p.redirect(back, "error", explain(exc))
     except REFUSALS as exc:
         return p.redirect(back, "error", f"Preview refused: {explain(exc)}")
-    return _shown(p, shown, f"Replaying {what}", back)
+    scope = "selected" if "ids" in body else "matching"
+    step = ReplayStep(
+        "/dead-letters/bulk",
+        [("op", f"replay:{scope}"), ("back", back), *_carried(p, FILTER_FIELDS + _BULK_FIELDS)],
+    )
+    return _shown(p, shown, f"Replaying {what}", back, step)
 
 
 @form_action("/dead-letters/{letter_id:int}/preview")
@@ -62,4 +96,7 @@ def preview_one(p: Posted) -> Response:
         return p.redirect(here, "error", explain(exc))
     except REFUSALS as exc:
         return p.redirect(here, "error", f"Preview refused: {explain(exc)}")
-    return _shown(p, shown, f"Replaying dead letter {letter_id}", here)
+    step = ReplayStep(
+        f"/dead-letters/{letter_id}/replay", [("back", back), *_carried(p, _ONE_FIELDS)]
+    )
+    return _shown(p, shown, f"Replaying dead letter {letter_id}", here, step)

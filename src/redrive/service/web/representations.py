@@ -116,6 +116,7 @@ def dead_letter_summary(row: DeadLetter) -> dict[str, Any]:
         "replay_of": row.replay_of,
         "quarantined": row.quarantined,
         "quarantined_at": _time(row.quarantined_at),
+        "record_missing": row.record_missing,
     }
 
 
