@@ -14,8 +14,8 @@ import pytest
 from playwright.sync_api import Page, Request, expect
 
 from redrive.service.filters import DeadLetterFilter
-from tests.browser.ui_harness import Ui, confirm, sign_in, stored_letter
-from tests.integration.service_harness import now_ms
+from tests.browser.ui_harness import Ui, confirm, delivered, sign_in, stored_letter
+from tests.integration.service_harness import Collector, now_ms
 
 pytestmark = pytest.mark.browser
 
@@ -54,7 +54,8 @@ def test_the_list_filters_by_error_group_from_its_form_and_from_a_link(ui: Ui, p
     page.goto(f"/dead-letters?error_group={reads}")
     expect(page.locator("h1 .count")).to_have_text("7 matching")
     expect(page.locator("table[data-rows] tbody tr")).to_have_count(7)
-    expect(page.get_by_role("button", name="Replay all 7")).to_be_visible()
+    expect(page.get_by_role("button", name="Replay all 7…")).to_be_visible()
+    expect(page.get_by_role("button", name="Delete all 7…")).to_be_visible()
     expect(page.locator("[data-described]")).to_contain_text(f"error group '{reads}'")
     expect(page.locator("[data-described]")).to_contain_text("console.StaleRead")
 
@@ -70,7 +71,7 @@ def test_the_list_filters_by_error_group_from_its_form_and_from_a_link(ui: Ui, p
     # A bulk action on the filtered list posts the group with it.
     posted: list[Request] = []
     page.on("request", lambda r: posted.append(r) if r.method == "POST" else None)
-    page.get_by_role("button", name="Preview replay of all 7").click()
+    page.get_by_role("button", name="Replay all 7…").click()
     expect(page.locator("[data-preview-summary]")).to_contain_text("Would send 7 of 7")
     assert any(f"error_group={reads}" in (r.post_data or "") for r in posted)
 
@@ -86,7 +87,7 @@ def test_a_group_replay_is_previewed_then_runs_on_exactly_the_group(ui: Ui, page
     sign_in(page, ui.operator)
 
     page.goto(f"/error-groups/{group}")
-    page.get_by_role("button", name="Preview replay").click()
+    page.get_by_role("button", name="Replay group…").click()
     expect(page.locator("[data-preview-summary]")).to_contain_text("Would send 9 of 9")
     expect(page.locator("#summary-title")).to_contain_text(f"error group '{group}'")
     expect(page.locator("[data-preview] table tbody tr")).to_have_count(1)
@@ -112,3 +113,55 @@ def test_a_group_replay_is_previewed_then_runs_on_exactly_the_group(ui: Ui, page
     search.page.goto(job_url)
     page.get_by_role("link", name="Search them").click()
     expect(page.locator("h1 .count")).to_have_text("0 matching")
+
+
+def test_a_group_replay_takes_its_settings_and_a_group_delete_is_previewed(
+    ui: Ui, page: Page
+) -> None:
+    group = _letters(ui, "console.LostFence", 6, 74_000)
+    other = _letters(ui, "console.LostToken", 3, 75_000)
+    sign_in(page, ui.operator)
+    posted: list[Request] = []
+    page.on("request", lambda r: posted.append(r) if r.method == "POST" else None)
+
+    page.goto(f"/error-groups/{group}")
+    page.get_by_label("Rate (per second)").fill("3")
+    page.get_by_label("Destination").fill(ui.payments)
+    page.get_by_label("Keep the letters after replaying").check()
+    page.get_by_role("button", name="Replay group…").click()
+    title = page.locator("#summary-title")
+    expect(title).to_contain_text(f"error group '{group}'")
+    expect(title).to_contain_text(f"to {ui.payments} at 3/s, keeping them")
+    expect(page.locator("[data-preview-summary]")).to_contain_text("Would send 6 of 6")
+    expect(page.locator("[data-preview] table tbody tr")).to_have_text([f"{ui.payments}by key6"])
+    asked = posted[-1].post_data or ""
+    assert all(f in asked for f in (f"error_group={group}", "rate=3", "keep=1")), asked
+
+    collector = Collector(ui.bootstrap, ui.payments)
+    try:
+        page.get_by_role("button", name="Replay these 6").click()
+        confirm(page, "Replay these 6")
+        expect(page.locator(".flash-ok")).to_contain_text("6 dead letters at 3/s")
+        ran = posted[-1].post_data or ""
+        assert all(f in ran for f in (f"error_group={group}", "rate=3", "keep=1")), ran
+        expect(page.locator("[data-job-state]")).to_have_text("done", timeout=30_000)
+        for n in range(6):
+            delivered(collector, f"console.LostFence-{n}".encode())
+    finally:
+        collector.close()
+    assert _count(ui, error_group=group) == 6, "kept, as the settings said"
+
+    page.goto(f"/error-groups/{group}")
+    page.get_by_role("button", name="Delete group…").click()
+    expect(page.locator("#summary-title")).to_contain_text(f"error group '{group}'")
+    expect(page.locator("[data-preview-summary]")).to_have_text(
+        "Would delete 6 dead letters. This cannot be undone."
+    )
+    expect(page.locator("[data-delete-preview] table tbody tr")).to_have_text([f"{ui.orders}6"])
+    assert _count(ui, error_group=group) == 6, "a preview deletes nothing"
+    page.get_by_role("button", name="Delete these 6").click()
+    confirm(page, "Delete these 6")
+    expect(page.locator(".flash-ok")).to_have_text("Deleted 6 dead letters.")
+    assert page.url.endswith("/error-groups")
+    assert _count(ui, error_group=group) == 0
+    assert _count(ui, error_group=other) == 3

@@ -201,11 +201,19 @@ def test_delete_one_and_bulk(ui: Ui, page: Page) -> None:
     for key in ("j", "x", "j", "x"):
         page.keyboard.press(key)
     expect(page.locator("[data-selection-count]")).to_have_text("2 selected")
-    page.get_by_role("button", name="Delete selected").click()
-    expect(page.locator("#confirm-text")).to_have_text(
-        "Delete the 2 selected dead letters? This cannot be undone."
+    page.get_by_role("button", name="Delete selected…").click()
+    # A bulk action opens its preview first: what it would take, then the action.
+    expect(page.locator("#summary-title")).to_have_text("Deleting the 2 selected dead letters")
+    expect(page.locator("[data-preview-summary]")).to_have_text(
+        "Would delete 2 dead letters. This cannot be undone."
     )
-    confirm(page, "Delete selected")
+    shown = page.locator("[data-delete-preview] ~ section tbody tr")
+    assert sorted(int(i) for i in shown.locator("td a").all_inner_texts()) == sorted(ids[:2])
+    page.get_by_role("button", name="Delete these 2").click()
+    expect(page.locator("#confirm-text")).to_have_text(
+        "Delete the 2 dead letters as previewed? This cannot be undone."
+    )
+    confirm(page, "Delete these 2")
     expect(page.locator(".flash-ok")).to_have_text("Deleted 2 dead letters.")
     expect(rows).to_have_count(1)
     assert audited(ui, "delete", ids[0]).ids == sorted(ids[:2])
@@ -214,10 +222,12 @@ def test_delete_one_and_bulk(ui: Ui, page: Page) -> None:
     assert remaining is not None
     collector = Collector(ui.bootstrap, ui.orders)
     try:
-        page.get_by_role("button", name="Replay all 1").click()
-        expect(page.locator("#confirm-text")).to_contain_text("error type 'shop.Timeout'")
-        expect(page.locator("#confirm-text")).to_contain_text("in the background")
-        confirm(page, "Replay all 1")
+        page.get_by_role("button", name="Replay all 1…").click()
+        expect(page.locator("#summary-title")).to_contain_text("error type 'shop.Timeout'")
+        expect(page.locator("[data-preview-summary]")).to_contain_text("Would send 1 of 1")
+        page.get_by_role("button", name="Replay it").click()
+        expect(page.locator("#confirm-text")).to_contain_text("as previewed")
+        confirm(page, "Replay it")
         # A bulk replay is a job: its page follows it until it is done.
         page.wait_for_url(re.compile(r"/jobs/\d+$"))
         job_id = int(page.url.rsplit("/", 1)[1])
@@ -847,15 +857,17 @@ def test_a_quarantined_letter_is_flagged_previewed_and_replayed_by_override(
 def test_a_bulk_replay_preview_and_a_scheduled_job(ui: Ui, page: Page) -> None:
     sign_in(page, ui.operator)
     page.goto("/dead-letters?error_type=json.decoder.JSONDecodeError")
-    page.get_by_role("button", name="Preview replay of all 4").click()
+    page.get_by_role("button", name="Replay all 4…").click()
     expect(page.locator("[data-preview-summary]")).to_contain_text("Would send 4 of 4")
     expect(page.locator("[data-preview] table tbody tr")).to_have_count(1)
     expect(page.locator("table tbody tr td.mono", has_text="redrive-error-type")).to_have_count(1)
     page.go_back()
     tomorrow = (datetime.now(UTC) + timedelta(days=1)).replace(microsecond=0, tzinfo=None)
     page.locator("[data-start-at]").fill(tomorrow.isoformat())
-    page.get_by_role("button", name="Replay all 4").click()
-    confirm(page, "Replay all 4")
+    page.get_by_role("button", name="Replay all 4…").click()
+    expect(page.locator("#summary-title")).to_contain_text(f"from {tomorrow:%Y-%m-%d %H:%M:%S} UTC")
+    page.get_by_role("button", name="Replay these 4").click()
+    confirm(page, "Replay these 4")
     expect(page.locator(".flash-ok")).to_contain_text("scheduled")
     expect(page.locator("[data-job-state]")).to_have_text("scheduled")
     expect(page.locator("[data-start-at]")).to_contain_text(f"{tomorrow:%Y-%m-%d %H:%M:%S}")

@@ -163,9 +163,15 @@ MAX_SCHEDULE_DAYS = 366
 """How far ahead a replay job may be scheduled."""
 
 
-class ReplayMany(Selection):
-    destination: Destination | None = Field(None, max_length=MAX_TOPIC_LENGTH)
-    keep: StrictBool = False
+class ReplaySettings(BaseModel):
+    """How a replay of many letters runs: where to, at what pace, from when, and
+    whether the letters are kept (a bulk replay's and a group replay's)."""
+
+    model_config = ConfigDict(extra="forbid")
+    destination: Destination | None = Field(
+        None, max_length=MAX_TOPIC_LENGTH, description="Default: each letter's topic."
+    )
+    keep: StrictBool = Field(False, description="Keep the dead letters after replaying them.")
     # At least one a second: slower, a job of the largest selection would run for days.
     rate: float | None = Field(None, ge=1, le=100_000, description="Messages per second.")
     start_at: FilterTime | None = Field(
@@ -174,6 +180,10 @@ class ReplayMany(Selection):
         "then it is scheduled, and may be cancelled. Absent or past: at once. Not before "
         f"1970 nor more than {MAX_SCHEDULE_DAYS} days ahead (400).",
     )
+
+
+class ReplayMany(Selection, ReplaySettings):
+    """A replay job over a selection, with its settings."""
 
 
 def _schedule_time(at: datetime | None) -> datetime | None:

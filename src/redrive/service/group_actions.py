@@ -13,10 +13,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, ConfigDict, Field
 
-from redrive.headers import MAX_TOPIC_LENGTH
-from redrive.service.actions import Destination, JobStarted, OperatorActions, ReplayMany, Selection
+from redrive.service.actions import (
+    JobStarted,
+    OperatorActions,
+    ReplayMany,
+    ReplaySettings,
+    Selection,
+)
 from redrive.service.auth import Principal
 from redrive.service.filters import DeadLetterFilter
 from redrive.service.fingerprints import FINGERPRINT_PATTERN
@@ -25,15 +30,8 @@ from redrive.service.refusals import NotFound
 from redrive.service.store import Store
 
 
-class GroupReplay(BaseModel):
+class GroupReplay(ReplaySettings):
     """A replay of every letter of the group (as many as `replay_max_per_request`)."""
-
-    model_config = ConfigDict(extra="forbid")
-    destination: Destination | None = Field(
-        None, max_length=MAX_TOPIC_LENGTH, description="Default: each letter's topic."
-    )
-    keep: StrictBool = Field(False, description="Keep the dead letters after replaying them.")
-    rate: float | None = Field(None, ge=1, le=100_000, description="Messages per second.")
 
 
 class GroupMove(BaseModel):

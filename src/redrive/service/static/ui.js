@@ -78,8 +78,14 @@
       setTimeout(() => { for (const input of empty) input.disabled = false; }, 0);
       return;
     }
-    // A preview (a dry run) changes nothing: no confirmation.
-    if (submitter && "noConfirm" in submitter.dataset) return;
+    // A preview (a dry run) changes nothing: no confirmation, but a selection to show.
+    if (submitter && "noConfirm" in submitter.dataset) {
+      if ("needsSelection" in submitter.dataset && checkedIds(form) === 0) {
+        event.preventDefault();
+        showSelection(form, "Select dead letters first: tick their boxes, or press x on a row.");
+      }
+      return;
+    }
     const source = submitter && submitter.dataset.confirm ? submitter : form;
     let text = source.dataset.confirm;
     if (!text) return;

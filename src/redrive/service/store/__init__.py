@@ -293,6 +293,11 @@ class Store:
         with self._conn() as conn:
             return dead_letters.count(conn, search)
 
+    def dead_letter_topics(self, search: DeadLetterSearch) -> dict[str, int]:
+        """How many letters `search` matches on each topic ("" for those without)."""
+        with self._conn() as conn:
+            return dead_letters.topic_counts(conn, search)
+
     def replayed(
         self, letter_id: int, *, actor: str, topic: str, partition: int | None, delete: bool
     ) -> None:

@@ -64,6 +64,13 @@ def count(conn: psycopg.Connection[Any], search: DeadLetterSearch) -> int:
     return int(row[0]) if row else 0
 
 
+def topic_counts(conn: psycopg.Connection[Any], search: DeadLetterSearch) -> dict[str, int]:
+    """How many letters `search` matches on each topic ("" for letters without one)."""
+    where, params = dead_letters_where(search)
+    sql = f"SELECT coalesce(topic, ''), count(*) FROM redrive_dead_letters WHERE {where} GROUP BY 1"
+    return {str(t): int(n) for t, n in conn.execute(sql.encode(), params).fetchall()}
+
+
 def delete(conn: psycopg.Connection[Any], ids: Sequence[int]) -> list[int]:
     """Delete; returns the ids that existed, in order."""
     rows = conn.execute(

@@ -30,6 +30,7 @@ from redrive.service.refusals import ActionRefused, Conflict, Invalid, NotAcknow
 from redrive.service.replay import Replayer
 from redrive.service.web import (
     api,
+    delete_preview,  # noqa: F401  (adds its form action to forms.router)
     forms,
     groups_api,
     groups_pages,

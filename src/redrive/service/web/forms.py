@@ -10,7 +10,7 @@ script, a form not yet confirmed gets a confirmation page first.
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -43,6 +43,7 @@ from redrive.service.web.params import (
     plural,
     query,
 )
+from redrive.service.web.replay_settings import replay_settings, settings_in_words
 from redrive.service.web.templating import Pages
 
 NEEDS_OPERATOR = "This action needs an operator token: sign in with an operator token."
@@ -164,24 +165,22 @@ _BULK = ("replay:selected", "delete:selected", "replay:matching", "delete:matchi
 
 @form_action("/dead-letters/bulk")
 def bulk(p: Posted) -> Response:
-    back = local_url(p.field("back"), "/dead-letters", "/dead-letters")
+    back = local_url(p.field("back"), "/dead-letters")
     op = p.field("op")
     if op not in _BULK:
         return p.redirect(back, "error", f"Unknown bulk action {op!r}.")
     verb, scope = op.split(":")
     try:
         body, what = selection_of(p, scope)
-        start_at = start_time(p) if verb == "replay" else None
+        settings = replay_settings(p.form) if verb == "replay" else {}
     except ValueError as exc:
         return p.redirect(back, "error", str(exc))
-    if start_at is not None:
-        body["start_at"] = start_at
+    body.update(settings)
     if not confirmed(p.form):
         if verb == "replay":
-            when = f" at {start_at:%Y-%m-%d %H:%M:%S} UTC" if start_at is not None else ""
             question = (
-                f"Replay {what} to their topics{when}? A job sends them in the background, "
-                "paced; each is deleted once the broker has it."
+                f"Replay {what}{settings_in_words(settings)}? A job sends them in the "
+                "background, paced; each is deleted once the broker has it, unless kept."
             )
         else:
             question = f"Delete {what}? This cannot be undone."
@@ -223,18 +222,6 @@ def selection_of(p: Posted, scope: str) -> tuple[dict[str, Any], str]:
         else f"every dead letter ({count:,})"
     )
     return {"filter": flt, "all": p.field("all") == "1"}, what
-
-
-def start_time(p: Posted) -> datetime | None:
-    """The bulk form's optional start time (UTC, as its datetime-local input sends it)."""
-    text = p.field("start_at").strip()
-    if not text:
-        return None
-    try:
-        at = datetime.fromisoformat(text)
-    except ValueError:
-        raise ValueError(f"Bad start time {text!r}: give a date and time (UTC).") from None
-    return at.replace(tzinfo=UTC) if at.tzinfo is None else at
 
 
 def _replay_many(p: Posted, body: dict[str, Any], back: str) -> Response:

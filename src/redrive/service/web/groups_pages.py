@@ -1,6 +1,7 @@
-"""The web UI's error groups: the groups page, a group's page (its letters, and the
-buttons to replay, delete or mute the whole group), and the form that moves a letter
-to another group (on a letter's page).
+"""The web UI's error groups: the groups page, a group's page (its letters, the mute
+button, and the replay and delete of the whole group, which open the bulk previews
+with the group as their filter: :mod:`.replay_forms`, :mod:`.delete_preview`), and
+the form that moves a letter to another group (on a letter's page).
 
 Pages read as the other pages do (:mod:`.pages`: `Reader`); the forms are checked as
 every action form is (:func:`.forms.form_action`: CSRF, then an operator session)
@@ -20,21 +21,19 @@ from pydantic import ValidationError
 
 from redrive.service.filters import DeadLetterFilter, FilterError
 from redrive.service.fingerprints import FINGERPRINT_PATTERN
-from redrive.service.group_actions import GroupActions, GroupMove, GroupReplay
+from redrive.service.group_actions import GroupActions, GroupMove
 from redrive.service.operations import Operations
 from redrive.service.store import ErrorGroup
 from redrive.service.web.deps import Ops, PagesDep, StoreDep
 from redrive.service.web.forms import Posted, form_action
 from redrive.service.web.groups_api import error_group_view
-from redrive.service.web.pages import PAGE_SIZE, Reader, per_second
+from redrive.service.web.pages import PAGE_SIZE, Reader
 from redrive.service.web.params import (
     REFUSALS,
-    confirmed,
     explain,
     field,
     here,
     local_url,
-    plural,
     query,
 )
 from redrive.service.web.representations import dead_letter_summary
@@ -128,44 +127,6 @@ def _actions(p: Posted) -> GroupActions:
 def _group_of(p: Posted) -> str | None:
     group = str(p.request.path_params["error_group"])
     return group if _GROUP.match(group) else None
-
-
-@form_action("/error-groups/{error_group}/replay")
-def replay_group(p: Posted) -> Response:
-    group = _group_of(p)
-    here_url = f"/error-groups/{group}"
-    if group is None:
-        return p.redirect("/error-groups", "error", "Replay refused: no such error group.")
-    if not confirmed(p.form):
-        question = (
-            "Replay every dead letter of this group to its topic? A job sends them in the "
-            "background, paced; each is deleted once the broker has it."
-        )
-        return p.confirm(question, "Replay group", here_url)
-    try:
-        started = _actions(p).replay(p.who, group, GroupReplay())
-    except REFUSALS as exc:
-        return p.redirect(here_url, "error", f"Replay refused: {explain(exc)}")
-    job = started.job
-    letters = plural(job.total, "dead letter")
-    text = f"Replay job {job.id} started: {letters} at {per_second(job.rate)}."
-    return p.redirect(f"/jobs/{job.id}", "ok", text)
-
-
-@form_action("/error-groups/{error_group}/delete")
-def delete_group(p: Posted) -> Response:
-    group = _group_of(p)
-    if group is None:
-        return p.redirect("/error-groups", "error", "Delete refused: no such error group.")
-    here_url = f"/error-groups/{group}"
-    if not confirmed(p.form):
-        question = "Delete every dead letter of this group? This cannot be undone."
-        return p.confirm(question, "Delete group", here_url, danger=True)
-    try:
-        result = _actions(p).delete(p.who, group)
-    except REFUSALS as exc:
-        return p.redirect(here_url, "error", f"Delete refused: {explain(exc)}")
-    return p.redirect("/error-groups", "ok", f"Deleted {plural(result['deleted'], 'dead letter')}.")
 
 
 def _mute(p: Posted, muted: bool) -> Response:

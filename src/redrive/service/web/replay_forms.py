@@ -7,8 +7,9 @@ a page saying what the replay would send where (:mod:`redrive.service.replay_pre
 the dry run the API answers too); nothing is sent or changed but the audit log.
 
 The preview page ends with the replay it previewed: a form carrying the very fields
-the preview was asked with (the selection, its start time, destination, keep), so
-the replay that runs is of the selection that was counted.
+the preview was asked with (the selection and the replay's settings,
+:mod:`.replay_settings`), so the replay that runs is of the selection that was
+counted, with the settings that were shown.
 """
 
 from dataclasses import dataclass
@@ -18,12 +19,13 @@ from pydantic import ValidationError
 
 from redrive.service.actions import ReplayMany, ReplayOne
 from redrive.service.replay_preview import Preview
-from redrive.service.web.forms import Posted, form_action, selection_of, start_time
+from redrive.service.web.forms import Posted, form_action, selection_of
 from redrive.service.web.params import FILTER_FIELDS, REFUSALS, explain, local_url, query
+from redrive.service.web.replay_settings import SETTING_FIELDS, replay_settings, settings_in_words
 from redrive.service.web.representations import preview_view
 
 # What a bulk preview was asked with, besides the filter's fields.
-_BULK_FIELDS = ("ids", "all", "start_at")
+_BULK_FIELDS = ("ids", "all", *SETTING_FIELDS)
 _ONE_FIELDS = ("destination", "keep", "override_quarantine")
 
 
@@ -35,7 +37,7 @@ class ReplayStep:
     fields: list[tuple[str, str]]
 
 
-def _carried(p: Posted, names: tuple[str, ...]) -> list[tuple[str, str]]:
+def carried(p: Posted, names: tuple[str, ...]) -> list[tuple[str, str]]:
     """The posted fields among `names`, each value as sent (a list field repeated)."""
     return [
         (name, value)
@@ -60,14 +62,14 @@ def _shown(p: Posted, shown: Preview, what: str, back: str, step: ReplayStep) ->
 
 @form_action("/dead-letters/preview")
 def preview_many(p: Posted) -> Response:
-    back = local_url(p.field("back"), "/dead-letters", "/dead-letters")
+    back = local_url(p.field("back"), "/dead-letters")
     try:
         body, what = selection_of(p, "selected" if p.field("scope") == "selected" else "matching")
-        start_at = start_time(p)
+        settings = replay_settings(p.form)
     except ValueError as exc:
         return p.redirect(back, "error", str(exc))
     try:
-        shown = p.actions.dry_run_many(p.who, ReplayMany(**body, start_at=start_at))
+        shown = p.actions.dry_run_many(p.who, ReplayMany(**body, **settings))
     except ValidationError as exc:
         return p.redirect(back, "error", explain(exc))
     except REFUSALS as exc:
@@ -75,9 +77,9 @@ def preview_many(p: Posted) -> Response:
     scope = "selected" if "ids" in body else "matching"
     step = ReplayStep(
         "/dead-letters/bulk",
-        [("op", f"replay:{scope}"), ("back", back), *_carried(p, FILTER_FIELDS + _BULK_FIELDS)],
+        [("op", f"replay:{scope}"), ("back", back), *carried(p, FILTER_FIELDS + _BULK_FIELDS)],
     )
-    return _shown(p, shown, f"Replaying {what}", back, step)
+    return _shown(p, shown, f"Replaying {what}{settings_in_words(settings)}", back, step)
 
 
 @form_action("/dead-letters/{letter_id:int}/preview")
@@ -97,6 +99,6 @@ def preview_one(p: Posted) -> Response:
     except REFUSALS as exc:
         return p.redirect(here, "error", f"Preview refused: {explain(exc)}")
     step = ReplayStep(
-        f"/dead-letters/{letter_id}/replay", [("back", back), *_carried(p, _ONE_FIELDS)]
+        f"/dead-letters/{letter_id}/replay", [("back", back), *carried(p, _ONE_FIELDS)]
     )
     return _shown(p, shown, f"Replaying dead letter {letter_id}", here, step)

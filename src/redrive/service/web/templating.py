@@ -72,6 +72,8 @@ class Pages:
         self.env.filters["visible"] = visible
         self.env.globals["when"] = when
         self.env.globals["version"] = version
+        # A replay form's rate, when left empty (the placeholder says what it will be).
+        self.env.globals["replay_rate"] = f"{settings.replay_rate_per_second:g}"
 
     def render(
         self,
