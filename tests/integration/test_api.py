@@ -152,6 +152,21 @@ def test_replay_one_edit_and_replay_and_the_audit_log(env: Env) -> None:
         ("replay", "olivia", [first]),
     ]
 
+    # The audit log searched: by the letter it names, who, what, and when.
+    def found(**params: str) -> list[tuple[str, list[int]]]:
+        answer = env.api.get("/api/v1/audit", params=params)
+        assert answer.status_code == 200, answer.text
+        return [(a["action"], a["ids"]) for a in answer.json()["items"]]
+
+    assert found(letter=str(first)) == [("replay", [first])]
+    assert found(letter=str(second), actor="olivia") == [("edit-and-replay", [second])]
+    assert found(letter=str(second), action="replay") == []
+    assert found(letter=str(first), actor="someone-else") == []
+    at = audit[0]["at"]
+    assert found(letter=str(second), since=at) == [("edit-and-replay", [second])]
+    assert found(letter=str(second), until=at) == []
+    assert env.api.get("/api/v1/audit", params={"letter": "0"}).status_code == 422
+
 
 def test_replay_a_filter_delete_selections_and_export(env: Env) -> None:
     collector = Collector(env.bootstrap, env.topic)

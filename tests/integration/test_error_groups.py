@@ -4,6 +4,7 @@ done and audited; letters stored before groups existed are grouped by the migrat
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections import Counter
 
@@ -13,6 +14,7 @@ import pytest
 from redrive.reasons import DeadLetterReason
 from redrive.records import DeadLetterRecord, RequestCoordinates
 from redrive.service.filters import DeadLetterFilter
+from redrive.service.group_metrics import SURGE_MIN_LETTERS, surging
 from redrive.service.migrations import migrate
 from redrive.service.store import MIGRATION_STEPS, Store
 from redrive.service.store.error_groups import grouping_of
@@ -95,6 +97,28 @@ def test_5000_letters_of_4_failures_form_exactly_4_groups(database_url: str) -> 
         by_last_seen = store.error_groups(order="last_seen", topic="orders-1", limit=2)
         assert len(by_last_seen) == 2
         assert store.error_groups(topic="elsewhere") == []
+    finally:
+        store.close()
+
+
+def test_letters_back_from_a_replay_do_not_make_their_group_surge(database_url: str) -> None:
+    """A replay of a group whose letters come back dead is the same failures seen again:
+    the group's surge figures (the gauges, the overview, the alert) do not count them."""
+    store = Store(fresh_database(database_url))
+    store.open()
+    try:
+        count = SURGE_MIN_LETTERS + 10
+        new = [_letter(4 * n) for n in range(count)]  # one failure: billing.Timeout
+        came_back = [
+            dataclasses.replace(_letter(4 * n + 1), replay_of=1_000_000 + n, replays=1)
+            for n in range(count)  # orders.NotFound, each back from its first replay
+        ]
+        store.insert_batch([], new + came_back, now_ms=now_ms())
+        titles = {g.error_group: g.title for g in store.error_groups(limit=10)}
+        surges = {titles[s.error_group]: s for s in store.error_group_surges(limit=10)}
+        timeout = surges["billing.Timeout: gateway <uuid> timed out after <n> ms"]
+        assert timeout.last_hour == count and surging(timeout)
+        assert not any(t.startswith("orders.NotFound") for t in surges), surges
     finally:
         store.close()
 
@@ -231,3 +255,74 @@ def test_group_mute_move_replay_and_delete_are_done_and_audited(env: Env) -> Non
     ]
     delete_entry = env.api.get("/api/v1/audit").json()["items"][1]
     assert delete_entry["filter"] == {"error_group": t_id}
+
+
+def test_the_groups_computed_again_keep_moves_and_mutes(database_url: str) -> None:
+    """Migration 017: under the earlier rules KeyError('brand') and KeyError('sku') were
+    one group ("KeyError: '<q>'"), muted, with a letter moved into it; after it, they
+    are two groups, both muted, and the moved letter is in a group of its own (the
+    group it was moved to is split); a group the rules leave whole keeps its letters
+    together with the letter moved into it."""
+    url = fresh_database(database_url)
+    store = Store(url)
+    store.open()
+
+    def letter(n: int, error_type: str, message: str) -> DeadLetterRecord:
+        return dataclasses.replace(
+            _letter(n), error_type=error_type, error_message=message, error_trace=None
+        )
+
+    keys = [letter(n, "KeyError", f"'{k}'") for n, k in enumerate(("brand", "brand", "sku"))]
+    timeouts = [
+        letter(10 + n, "billing.Timeout", f"gateway timed out after {n} ms") for n in range(3)
+    ]
+    try:
+        store.insert_batch([], [*keys, *timeouts, _letter(21), _letter(22)], now_ms=now_ms())
+    finally:
+        store.close()
+    with psycopg.connect(url, autocommit=True) as conn:
+        # Back to what the earlier rules stored: one group for the three KeyErrors,
+        # muted; the last letter moved into it, a Timeout moved among the timeouts'.
+        ids = [r[0] for r in conn.execute("SELECT id FROM redrive_dead_letters ORDER BY id")]
+        old_keys, old_timeouts = "00000000000000aa", "00000000000000bb"
+        conn.execute(
+            "UPDATE redrive_dead_letters SET fingerprint = %s, error_group = %s WHERE id = ANY(%s)",
+            (old_keys, old_keys, ids[:3]),
+        )
+        conn.execute(
+            "UPDATE redrive_dead_letters SET fingerprint = %s, error_group = %s WHERE id = ANY(%s)",
+            (old_timeouts, old_timeouts, ids[3:6]),
+        )
+        conn.execute(
+            "INSERT INTO redrive_error_groups (error_group, title, muted, muted_by)"
+            " VALUES (%s, 'KeyError: ''<q>''', true, 'alice'), (%s, 't', false, null)",
+            (old_keys, old_timeouts),
+        )
+        for moved_to, letter_id in ((old_keys, ids[6]), (old_timeouts, ids[7])):
+            conn.execute(
+                "UPDATE redrive_dead_letters SET error_group = %s WHERE id = %s",
+                (moved_to, letter_id),
+            )
+        conn.execute("DELETE FROM redrive_schema_migrations WHERE version >= 17")
+        assert migrate(conn, after=MIGRATION_STEPS) == ["017_fingerprints_again"]
+        rows = conn.execute(
+            "SELECT d.id, d.fingerprint, d.error_group, g.title, g.muted, g.muted_by"
+            " FROM redrive_dead_letters d JOIN redrive_error_groups g USING (error_group)"
+            " ORDER BY d.id"
+        ).fetchall()
+        leftover = conn.execute(
+            "SELECT count(*) FROM redrive_error_groups WHERE error_group = ANY(%s)",
+            ([old_keys, old_timeouts],),
+        ).fetchone()
+    by_id = {r[0]: r[1:] for r in rows}
+    brand, brand_again, sku = (by_id[i] for i in ids[:3])
+    assert brand[2:] == brand_again[2:] == ("KeyError: 'brand'", True, "alice")
+    assert sku[2:] == ("KeyError: 'sku'", True, "alice")
+    assert brand[1] == brand_again[1] != sku[1]
+    [timeout_group] = {by_id[i][1] for i in ids[3:6]}
+    assert by_id[ids[3]][2] == "billing.Timeout: gateway timed out after <n> ms"
+    moved_in = by_id[ids[7]]
+    assert moved_in[1] == timeout_group != moved_in[0], "moved into a whole group: stays"
+    moved = by_id[ids[6]]
+    assert moved[1] == moved[0], "moved into a group the rules split: its own group"
+    assert leftover == (0,)

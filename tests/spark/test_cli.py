@@ -55,6 +55,10 @@ def test_spark_scheduler_command_delivers_and_stops_on_sigterm(
             stderr=subprocess.STDOUT,
         )
     try:
+        # Started: a first micro-batch has run (on a loaded machine the JVM, the session
+        # and the first batch's Python workers take minutes); then the delivery's own wait.
+        batch_ran = 'redrive_spark_records_total{outcome="read",query="redrive-scheduler"}'
+        assert wait_for(lambda: batch_ran in scrape(metrics_port), 300), log_path.read_text()
         collector = Collector(bootstrap, destination)
         due = now_ms() + 3_000
         produce(
@@ -68,9 +72,10 @@ def test_spark_scheduler_command_delivers_and_stops_on_sigterm(
         assert arrived[0].received_ms >= due
         # Its metrics: the delivery counted, once its batch's progress is reported.
         delivered = 'redrive_spark_records_total{outcome="delivered",query="redrive-scheduler"}'
-        assert wait_for(lambda: delivered in scrape(metrics_port), 60), scrape(metrics_port)
+        assert wait_for(lambda: f"{delivered} 1.0" in scrape(metrics_port), 60), scrape(
+            metrics_port
+        )
         scraped = scrape(metrics_port)
-        assert f"{delivered} 1.0" in scraped
         assert 'redrive_spark_query_up{query="redrive-scheduler"} 1.0' in scraped
     finally:
         before = log_path.read_bytes()

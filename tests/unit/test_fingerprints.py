@@ -150,3 +150,16 @@ def test_letters_of_other_systems_group_by_what_they_hold() -> None:
     first = Failure(None, None, None, "ingested", raw.format(p=0, o=17))
     second = Failure(None, None, None, "ingested", raw.format(p=3, o=90_210))
     assert group_of(first) == group_of(second)
+
+
+def test_a_message_that_is_one_quoted_value_keeps_it_so_missing_keys_are_told_apart() -> None:
+    brand = group_of(failure("KeyError", "'brand'"))
+    customer = group_of(failure("KeyError", "'customer_id'"))
+    assert (brand.title, customer.title) == ("KeyError: 'brand'", "KeyError: 'customer_id'")
+    assert brand.fingerprint != customer.fingerprint
+    assert group_of(failure("KeyError", "'brand'")) == brand
+    # What varies inside it is still masked: one group for every order's key.
+    orders = {group_of(failure("KeyError", f"'order-{n}'")) for n in range(5)}
+    assert [g.title for g in orders] == ["KeyError: '<n>'"]
+    # A quoted value inside a sentence is masked as before.
+    assert mask("no column 'brand' in row") == "no column '<q>' in row"

@@ -1,4 +1,4 @@
-"""Search filters for dead letters and pending retries, and their cursors: the API's
+"""Search filters for dead letters, pending retries and the audit log, and their cursors: the API's
 query models (validation, the OpenAPI document).
 
 A filter is the store's search (:mod:`redrive.service.store.searches`, which makes it
@@ -194,6 +194,36 @@ class PendingFilter(BaseModel):
     group: StorableText | None = _text(1024, "group")
     due_after_ms: int | None = Field(None, ge=0, le=INT64_MAX)
     due_before_ms: int | None = Field(None, ge=0, le=INT64_MAX)
+
+
+class AuditFilter(BaseModel):
+    """Which audit entries: every given field must match (AND)."""
+
+    # The audit page's form takes its fields and labels from here, as the dead-letter
+    # list does from DeadLetterFilter.
+    model_config = ConfigDict(extra="forbid")
+
+    actor: StorableText | None = _text(256, "who", "The token name that acted (exact).")
+    action: StorableText | None = _text(
+        64, "action", "What was done (exact): replay, replay-job, delete, mute-group, …"
+    )
+    letter: RowId | None = Field(
+        None, title="dead letter", description="Entries naming this dead letter's id."
+    )
+    since: FilterTime | None = Field(
+        None, title="since", description="At or after this time (ISO 8601; without an offset: UTC)."
+    )
+    until: FilterTime | None = Field(
+        None, title="until", description="Before this time (ISO 8601; without an offset: UTC)."
+    )
+
+    @field_validator("until")
+    @classmethod
+    def _ordered(cls, until: datetime | None, info: Any) -> datetime | None:
+        since = info.data.get("since")
+        if until is not None and since is not None and until <= since:
+            raise ValueError("until must be after since")
+        return until
 
 
 def encode_cursor(*parts: int) -> str:

@@ -7,11 +7,14 @@ group exactly when all three are equal:
    exception class, a Connect letter's ``exception.class.name``), exactly;
 2. its **error message, masked**: what differs between two occurrences of one failure
    is replaced by a placeholder, in this order: quoted values (``'...'``, ``"..."``,
-   backquoted) by ``'<q>'``; e-mail-like addresses by ``<email>``; UUIDs by
-   ``<uuid>``; ``0x`` hexadecimal values (object addresses) by ``<hex>``; then every
-   remaining word holding a digit (numbers, ids such as ``order-42``, hashes and other
-   hex strings, times, sizes) by ``<n>``, less the punctuation ending it; white space runs
-   become one space. Words without a digit are kept: they say what failed;
+   backquoted) by ``'<q>'``, unless the message is one quoted value and nothing else
+   (Python's ``KeyError('customer_id')`` says ``'customer_id'``: the quote is what
+   tells two such failures apart, and it keeps its words, its digits masked below);
+   e-mail-like addresses by ``<email>``; UUIDs by ``<uuid>``; ``0x`` hexadecimal
+   values (object addresses) by ``<hex>``; then every remaining word holding a digit
+   (numbers, ids such as ``order-42``, hashes and other hex strings, times, sizes) by
+   ``<n>``, less the punctuation ending it; white space runs become one space. Words
+   without a digit are kept: they say what failed;
 3. the **application's frame**: the frame of its stack trace nearest to where the
    error was raised that belongs to the application, as ``module/file:function``
    (line numbers dropped, so that a deploy does not split a group). Frames of the
@@ -37,7 +40,7 @@ import re
 from dataclasses import dataclass
 from typing import Final
 
-VERSION: Final = "1"
+VERSION: Final = "2"
 FINGERPRINT_LENGTH: Final = 16
 FINGERPRINT_PATTERN: Final = r"^[0-9a-f]{16}$"
 MAX_TITLE: Final = 200
@@ -56,6 +59,8 @@ JVM_FRAMEWORKS: Final = (
 
 # A quote opens only where a word does not go on (the apostrophe of "can't" does not).
 _QUOTED = re.compile(r"(?<!\w)(?:'[^'\n]*'|\"[^\"\n]*\"|`[^`\n]*`)(?!\w)")
+# A message that is one quoted value: a missing key's name, a field's.
+_ONLY_QUOTED = re.compile(r"'[^'\n]*'|\"[^\"\n]*\"|`[^`\n]*`")
 _EMAIL = re.compile(r"[\w.+-]+@[\w-]+(?:\.[\w-]+)+")
 _UUID = re.compile(
     r"\b[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}\b"
@@ -96,7 +101,9 @@ class Grouping:
 
 def mask(text: str) -> str:
     """``text`` with what varies between occurrences of one failure replaced."""
-    text = _QUOTED.sub("'<q>'", text[:_MAX_MESSAGE])
+    text = text[:_MAX_MESSAGE]
+    if not _ONLY_QUOTED.fullmatch(text.strip()):
+        text = _QUOTED.sub("'<q>'", text)
     text = _EMAIL.sub("<email>", text)
     text = _UUID.sub("<uuid>", text)
     text = _HEX.sub("<hex>", text)

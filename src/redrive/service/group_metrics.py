@@ -10,8 +10,9 @@ labelled with the group's fingerprint (``error_group``) and whether it is muted:
   at least 1 an hour, so that a new group's ratio is its count).
 
 They count the letters in the store: letters replayed or deleted since are not
-counted. Read at most every ``ttl_s`` seconds; while the store is unreachable the
-last figures are served.
+counted, nor are letters that came back dead from a replay (an earlier failure seen
+again: a replay of a group does not make it look like a surge). Read at most every
+``ttl_s`` seconds; while the store is unreachable the last figures are served.
 """
 
 from __future__ import annotations
@@ -29,6 +30,16 @@ from redrive.service.store import GroupSurge
 log = structlog.get_logger("redrive.metrics")
 
 MAX_GROUPS: Final = 50
+# A surge, as the alert rule RedriveErrorGroupSurge has it (deploy/prometheus): this
+# many times its usual hourly count, and at least this many letters in the hour. The
+# overview page shows the groups that are surging by the same rule.
+SURGE_RATIO: Final = 10
+SURGE_MIN_LETTERS: Final = 50
+
+
+def surging(surge: GroupSurge) -> bool:
+    """Whether the group is surging, as the alert rule says (muted groups never)."""
+    return not surge.muted and surge.ratio > SURGE_RATIO and surge.last_hour >= SURGE_MIN_LETTERS
 
 
 class ErrorGroupCollector(Collector):
@@ -70,7 +81,7 @@ class ErrorGroupCollector(Collector):
             values = [surge.error_group, "true" if surge.muted else "false"]
             recent.add_metric(values, surge.last_hour)
             usual.add_metric(values, surge.usual_per_hour)
-            ratio.add_metric(values, surge.last_hour / max(surge.usual_per_hour, 1.0))
+            ratio.add_metric(values, surge.ratio)
         yield recent
         yield usual
         yield ratio

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from redrive.reasons import DeadLetterReason
 from redrive.service.filters import (
+    AuditFilter,
     DeadLetterFilter,
     PendingFilter,
     decode_cursor,
@@ -188,8 +189,10 @@ class Operations:
         )
 
     def audit_log(
-        self, *, limit: int = 50, cursor: str | None = None
+        self, flt: AuditFilter | None = None, *, limit: int = 50, cursor: str | None = None
     ) -> tuple[list[AuditRecord], str | None]:
+        """Newest first (every entry without a filter); a page and the next cursor."""
         before_id = decode_cursor(cursor, 1)[0] if cursor else None
-        rows = self.store.audit_entries(before_id=before_id, limit=limit + 1)
+        search = flt if flt is not None else AuditFilter()
+        rows = self.store.audit_entries(search, before_id=before_id, limit=limit + 1)
         return _page(rows, limit, _by_id)

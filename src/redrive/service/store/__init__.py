@@ -48,6 +48,7 @@ from redrive.service.store import (
     dead_letters,
     error_group_backfill,
     error_groups,
+    fingerprint_refresh,
     history,
     identity,
     identity_backfill,
@@ -75,7 +76,7 @@ from redrive.service.store.read_models import (
 )
 from redrive.service.store.replay_jobs import JobOverlap, Placed, ReplayJobStore
 from redrive.service.store.rows import Row
-from redrive.service.store.searches import DeadLetterSearch, PendingSearch
+from redrive.service.store.searches import AuditSearch, DeadLetterSearch, PendingSearch
 from redrive.service.store.wakeups import NOTIFY_CHANNEL
 
 __all__ = [
@@ -109,7 +110,11 @@ __all__ = [
 ]
 
 
-MIGRATION_STEPS = {**identity_backfill.AFTER, **error_group_backfill.AFTER}
+MIGRATION_STEPS = {
+    **identity_backfill.AFTER,
+    **error_group_backfill.AFTER,
+    **fingerprint_refresh.AFTER,
+}
 """What migrations need done in Python, by migration number."""
 
 
@@ -436,10 +441,13 @@ class Store:
         with self._conn() as conn:
             audit.append(conn, entry)
 
-    def audit_entries(self, *, before_id: int | None = None, limit: int) -> list[AuditRecord]:
-        """Up to `limit` audit entries, newest first, older than `before_id` when given."""
+    def audit_entries(
+        self, search: AuditSearch, *, before_id: int | None = None, limit: int
+    ) -> list[AuditRecord]:
+        """Up to `limit` audit entries `search` matches, newest first, older than
+        `before_id` when given."""
         with self._conn() as conn:
-            return audit.newest(conn, before_id=before_id, limit=limit)
+            return audit.newest(conn, search, before_id=before_id, limit=limit)
 
     # ------------------------------------------------------------------ tokens
 

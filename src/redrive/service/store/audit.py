@@ -10,6 +10,7 @@ import psycopg
 from psycopg.rows import class_row
 
 from redrive.service.store.read_models import AuditRecord
+from redrive.service.store.searches import AuditSearch, audit_where
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,10 +43,12 @@ def append(conn: psycopg.Connection[Any], entry: AuditEntry) -> None:
 
 
 def newest(
-    conn: psycopg.Connection[Any], *, before_id: int | None, limit: int
+    conn: psycopg.Connection[Any], search: AuditSearch, *, before_id: int | None, limit: int
 ) -> list[AuditRecord]:
-    """Up to `limit` entries, newest first, older than `before_id`."""
-    where, params = ("TRUE", []) if before_id is None else ("id < %s", [before_id])
+    """Up to `limit` entries `search` matches, newest first, older than `before_id`."""
+    where, params = audit_where(search)
+    if before_id is not None:
+        where, params = f"{where} AND id < %s", [*params, before_id]
     with conn.cursor(row_factory=class_row(AuditRecord)) as cur:
         return cur.execute(
             f"SELECT id, at, actor, role, action, ids, filter, count, detail "

@@ -84,6 +84,7 @@ SELECT d.error_group, coalesce(g.muted, false) AS muted,
        count(*) FILTER (WHERE d.dead_at <= %(now)s - interval '1 hour') AS before
 FROM redrive_dead_letters d LEFT JOIN redrive_error_groups g USING (error_group)
 WHERE d.dead_at > %(now)s - interval '25 hours' AND d.error_group IS NOT NULL
+  AND d.replay_of IS NULL
 GROUP BY d.error_group, g.muted
 HAVING count(*) FILTER (WHERE d.dead_at > %(now)s - interval '1 hour') > 0
 ORDER BY last_hour DESC, d.error_group LIMIT %(limit)s
@@ -205,7 +206,8 @@ def surges(
     conn: psycopg.Connection[Any], *, limit: int, now: datetime | None = None
 ) -> list[GroupSurge]:
     """The ``limit`` groups with the most letters in the last hour, with how many came
-    in the 24 hours before it."""
+    in the 24 hours before it. A letter that came back dead from a replay is not
+    counted: it is an earlier failure seen again, not a new one."""
     now = now or datetime.now(UTC)
     rows = conn.execute(_SURGES, {"now": now, "limit": limit}).fetchall()
     return [

@@ -194,6 +194,12 @@ class GroupSurge:
     last_hour: int
     usual_per_hour: float
 
+    @property
+    def ratio(self) -> float:
+        """How far above its usual it is (the usual taken as at least 1 an hour, so
+        that a new group's ratio is its count)."""
+        return self.last_hour / max(self.usual_per_hour, 1.0)
+
 
 @dataclass(frozen=True, slots=True)
 class ReplayRound:

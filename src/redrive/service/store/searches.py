@@ -1,4 +1,4 @@
-"""Searches of dead letters and pending retries as SQL conditions.
+"""Searches of dead letters, pending retries and the audit log as SQL conditions.
 
 A search is any value with the fields below (the API's filter models are); every
 field given (not None) must match (AND). The SQL is made of fixed fragments with
@@ -36,6 +36,17 @@ class PendingSearch(Protocol):
     group: str | None
     due_after_ms: int | None
     due_before_ms: int | None
+
+
+class AuditSearch(Protocol):
+    """Which audit entries: exact actor and action; naming a letter id; at or after /
+    before a time."""
+
+    actor: str | None
+    action: str | None
+    letter: int | None
+    since: datetime | None
+    until: datetime | None
 
 
 Where = tuple[str, list[Any]]
@@ -92,4 +103,15 @@ def pending_where(s: PendingSearch) -> Where:
     c.given(s.group, "group_id = %s")
     c.given(s.due_after_ms, "due_ms >= %s")
     c.given(s.due_before_ms, "due_ms < %s")
+    return c.where()
+
+
+def audit_where(s: AuditSearch) -> Where:
+    """The condition on `redrive_audit` that the search means."""
+    c = _Clauses()
+    c.given(s.actor, "actor = %s")
+    c.given(s.action, "action = %s")
+    c.given(s.letter, "%s = ANY(ids)")
+    c.given(s.since, "at >= %s")
+    c.given(s.until, "at < %s")
     return c.where()

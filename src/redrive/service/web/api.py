@@ -24,6 +24,7 @@ from redrive.service.filters import (
     CURSOR_MAX_LENGTH,
     CURSOR_PATTERN,
     INT64_MAX,
+    AuditFilter,
     DeadLetterFilter,
     PendingFilter,
     RecordQuery,
@@ -84,6 +85,10 @@ class DeadLetterQuery(DeadLetterFilter):
 
 
 class PendingQuery(PendingFilter):
+    model_config = ConfigDict(extra="ignore")
+
+
+class AuditQuery(AuditFilter):
     model_config = ConfigDict(extra="ignore")
 
 
@@ -155,7 +160,12 @@ def _pending_filter(query: Annotated[PendingQuery, Query()]) -> PendingFilter:
     return PendingFilter(**query.model_dump())
 
 
+def _audit_filter(query: Annotated[AuditQuery, Query()]) -> AuditFilter:
+    return AuditFilter(**query.model_dump())
+
+
 Filter = Annotated[DeadLetterFilter, Depends(_dead_letter_filter)]
+Audit = Annotated[AuditFilter, Depends(_audit_filter)]
 Pending = Annotated[PendingFilter, Depends(_pending_filter)]
 
 router = APIRouter(prefix="/api/v1", responses=_errors(401))
@@ -364,6 +374,9 @@ def rates(
 
 
 @router.get("/audit", responses=_errors(400), openapi_extra=READ)
-def audit(who: Reader, ops: Ops, limit: Limit = 50, cursor: Cursor = None) -> dict[str, Any]:
-    rows, nxt = ops.audit_log(limit=limit, cursor=cursor)
+def audit(
+    who: Reader, ops: Ops, flt: Audit, limit: Limit = 50, cursor: Cursor = None
+) -> dict[str, Any]:
+    """Who did what to which messages, newest first; every filter given must match."""
+    rows, nxt = ops.audit_log(flt, limit=limit, cursor=cursor)
     return {"items": [audit_entry(r) for r in rows], "next_cursor": nxt}

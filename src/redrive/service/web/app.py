@@ -30,10 +30,12 @@ from redrive.service.refusals import ActionRefused, Conflict, Invalid, NotAcknow
 from redrive.service.replay import Replayer
 from redrive.service.web import (
     api,
+    audit_pages,
     delete_preview,  # noqa: F401  (adds its form action to forms.router)
     forms,
     groups_api,
     groups_pages,
+    job_pages,
     pages,
     probes,
     replay_api,
@@ -131,6 +133,8 @@ def create_app(service: Service) -> FastAPI:
     app.include_router(replay_api.router)
     app.include_router(pages.router)
     app.include_router(groups_pages.router)
+    app.include_router(job_pages.router)
+    app.include_router(audit_pages.router)
     app.include_router(forms.router)  # with the group forms (groups_pages, imported above)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
     app.add_middleware(BodyLimit, limit=service.settings.max_request_bytes)

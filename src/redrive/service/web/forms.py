@@ -31,7 +31,7 @@ from redrive.service.filters import INT64_MAX
 from redrive.service.store import Store
 from redrive.service.web import session
 from redrive.service.web.deps import Actions, PagesDep, StoreDep, TokenBook
-from redrive.service.web.pages import per_second
+from redrive.service.web.job_pages import per_second
 from redrive.service.web.params import (
     REFUSALS,
     confirmed,

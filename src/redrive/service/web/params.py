@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlencode
 
 from fastapi import Request
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from redrive.service.filters import DeadLetterFilter, FilterError
 from redrive.service.refusals import ActionRefused
@@ -19,6 +19,8 @@ from redrive.service.store import Store
 # bulk forms' hidden fields, job descriptions and their links all take these.
 FILTER_FIELDS = tuple(DeadLetterFilter.model_fields)
 FILTER_LABELS = {name: f.title or name for name, f in DeadLetterFilter.model_fields.items()}
+
+F = TypeVar("F", bound=BaseModel)
 
 # What an operator action or a filter may refuse with; `explain` says why in a sentence.
 REFUSALS = (ActionRefused, ValidationError, FilterError, ValueError)
@@ -79,18 +81,23 @@ def _parse_time(name: str, text: str) -> datetime:
     return at if at.tzinfo else at.replace(tzinfo=UTC)
 
 
-def dead_letter_filter(values: Mapping[str, Any]) -> tuple[DeadLetterFilter, dict[str, str]]:
-    """The dead-letter filter of a query string or form, and its raw field values;
-    raises ValueError with a readable message."""
-    raw = {name: field(values, name) for name in FILTER_FIELDS}
+def form_filter(model: type[F], values: Mapping[str, Any]) -> tuple[F, dict[str, str]]:
+    """The filter `model` of a query string or form, and its raw field values (every
+    field of the model, "" when not given); raises ValueError with a readable message."""
+    raw = {name: field(values, name) for name in model.model_fields}
     args: dict[str, Any] = {k: v for k, v in raw.items() if v}
     for name in ("since", "until"):
         if name in args:
             args[name] = _parse_time(name, args[name])
     try:
-        return DeadLetterFilter(**args), raw
+        return model(**args), raw
     except ValidationError as exc:
         raise ValueError(explain(exc)) from None
+
+
+def dead_letter_filter(values: Mapping[str, Any]) -> tuple[DeadLetterFilter, dict[str, str]]:
+    """The dead-letter filter of a query string or form (:func:`form_filter`)."""
+    return form_filter(DeadLetterFilter, values)
 
 
 def describe_filter(raw: Mapping[str, str], group_title: str | None = None) -> str:
