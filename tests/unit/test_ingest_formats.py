@@ -306,6 +306,27 @@ def test_a_forced_format_keeps_other_metadata_as_user_headers() -> None:
     assert letter.reason.startswith("record without kafka_dlt- headers ingested from")
 
 
+def test_a_spring_letter_without_its_origin_says_what_is_missing_and_what_reads_it() -> None:
+    unplaced = read(spring(**{"original-topic": None, "original-offset": None}), "spring")
+    assert unplaced.letter.reason.startswith(
+        "Spring Kafka dead letter without kafka_dlt-original-topic, "
+        "kafka_dlt-original-offset (where its record was first consumed is unknown) "
+        "ingested from orders-dlt[0]@42"
+    )
+    # A @RetryableTopic DLT read with format spring: its origin is under kafka_original-.
+    retry_topic = [
+        ("kafka_original-topic", b"orders"),
+        ("kafka_original-partition", struct.pack(">i", 1)),
+        ("kafka_original-offset", struct.pack(">q", 7)),
+        ("kafka_exception-fqcn", b"java.lang.IllegalStateException"),
+        ("kafka_dlt-original-consumer-group", b"billing"),
+    ]
+    reason = read(retry_topic, "spring").letter.reason
+    assert "without kafka_dlt-original-topic, kafka_dlt-original-partition" in reason
+    assert "read that topic with format spring-retry-topic" in reason
+    assert "without" not in read(spring(), "spring").letter.reason
+
+
 def test_a_header_problem_is_in_the_reason() -> None:
     letter = read(spring(), problem="header 3 has a non-UTF-8 name").letter
     assert letter.reason.endswith("; headers partly unreadable: header 3 has a non-UTF-8 name")

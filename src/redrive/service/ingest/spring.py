@@ -35,6 +35,8 @@ from redrive.service.ingest.dialect import Dialect, described
 
 PREFIX: Final = "kafka_dlt-"
 NAMESPACES: Final = ("kafka_", "retry_topic-")
+RETRY_TOPIC_ORIGINAL: Final = "kafka_original-"
+"""Where @RetryableTopic's DLT names the record's origin (:mod:`.spring_retry_topic`)."""
 """Spring's header namespaces: everything its error handling writes is in one."""
 
 ORIGINS: Final = frozenset(
@@ -76,7 +78,28 @@ def _read(meta: list[Header], incoming: Incoming) -> r.Fields:
         error_trace=trace,
     )
     what = "Spring Kafka dead letter" if m else "record without kafka_dlt- headers"
-    return described(m, incoming, what, history)
+    return described(m, incoming, what, history, about=_unplaced(meta, history) if m else "")
+
+
+def _unplaced(meta: list[Header], history: FailureHistory) -> str:
+    """What the reason says of a letter that does not say where its record was first
+    consumed: the headers it lacks, and the format that reads it, if another does."""
+    missing = [
+        f"{PREFIX}original-{name}"
+        for name, value in (
+            ("topic", history.original_topic),
+            ("partition", history.original_partition),
+            ("offset", history.original_offset),
+        )
+        if value is None
+    ]
+    if not missing:
+        return ""
+    said = f" without {', '.join(missing)} (where its record was first consumed is unknown"
+    if any(name.startswith(RETRY_TOPIC_ORIGINAL) for name, _ in meta):
+        said += "; it has kafka_original- headers, as @RetryableTopic's DLT writes them: "
+        said += "read that topic with format spring-retry-topic"
+    return said + ")"
 
 
 DIALECT: Final = Dialect(
