@@ -101,6 +101,14 @@ class SchemaPattern:
         return {**handler(schema), "pattern": self.pattern}
 
 
+def _after_since(until: datetime | None, info: Any) -> datetime | None:
+    """A filter's time range: `until` after `since`, when both are given."""
+    since = info.data.get("since")
+    if until is not None and since is not None and until <= since:
+        raise ValueError("until must be after since")
+    return until
+
+
 def _text(max_length: int, title: str, description: str | None = None) -> Any:
     return Field(None, max_length=max_length, title=title, description=description)
 
@@ -175,13 +183,7 @@ class DeadLetterFilter(BaseModel):
         description="The error group it is in (16 hex digits: GET /error-groups).",
     )
 
-    @field_validator("until")
-    @classmethod
-    def _ordered(cls, until: datetime | None, info: Any) -> datetime | None:
-        since = info.data.get("since")
-        if until is not None and since is not None and until <= since:
-            raise ValueError("until must be after since")
-        return until
+    _ordered = field_validator("until")(_after_since)
 
     def is_empty(self) -> bool:
         return all(v is None for v in self.model_dump().values())
@@ -217,13 +219,7 @@ class AuditFilter(BaseModel):
         None, title="until", description="Before this time (ISO 8601; without an offset: UTC)."
     )
 
-    @field_validator("until")
-    @classmethod
-    def _ordered(cls, until: datetime | None, info: Any) -> datetime | None:
-        since = info.data.get("since")
-        if until is not None and since is not None and until <= since:
-            raise ValueError("until must be after since")
-        return until
+    _ordered = field_validator("until")(_after_since)
 
 
 def encode_cursor(*parts: int) -> str:

@@ -16,7 +16,7 @@ from fastapi.responses import Response
 from redrive.service.filters import DeadLetterFilter
 from redrive.service.web.forms import Posted, form_action, selection_of
 from redrive.service.web.params import FILTER_FIELDS, local_url
-from redrive.service.web.replay_forms import ReplayStep, carried
+from redrive.service.web.replay_forms import PreviewStep, carried
 from redrive.service.web.representations import dead_letter_summary
 
 SAMPLE_SIZE = 20
@@ -43,7 +43,7 @@ def preview_delete(p: Posted) -> Response:
     # Where the delete lands: the page the preview came from, unless that page is of
     # the letters themselves (an error group's page has none left to show).
     after = local_url(p.field("after_delete"), back, "/")
-    step = ReplayStep(
+    step = PreviewStep(
         "/dead-letters/bulk",
         [("op", f"delete:{scope}"), ("back", after), *carried(p, (*FILTER_FIELDS, "ids", "all"))],
     )

@@ -30,8 +30,9 @@ _ONE_FIELDS = ("destination", "keep", "override_quarantine")
 
 
 @dataclass(frozen=True)
-class ReplayStep:
-    """The form that runs the previewed replay: where it posts, and its fields."""
+class PreviewStep:
+    """The form that runs the previewed action (a replay, a delete): where it posts,
+    and its fields."""
 
     action: str
     fields: list[tuple[str, str]]
@@ -47,7 +48,7 @@ def carried(p: Posted, names: tuple[str, ...]) -> list[tuple[str, str]]:
     ]
 
 
-def _shown(p: Posted, shown: Preview, what: str, back: str, step: ReplayStep) -> Response:
+def _shown(p: Posted, shown: Preview, what: str, back: str, step: PreviewStep) -> Response:
     return p.pages.render(
         p.request,
         "replay_preview.html",
@@ -75,7 +76,7 @@ def preview_many(p: Posted) -> Response:
     except REFUSALS as exc:
         return p.redirect(back, "error", f"Preview refused: {explain(exc)}")
     scope = "selected" if "ids" in body else "matching"
-    step = ReplayStep(
+    step = PreviewStep(
         "/dead-letters/bulk",
         [("op", f"replay:{scope}"), ("back", back), *carried(p, FILTER_FIELDS + _BULK_FIELDS)],
     )
@@ -98,7 +99,7 @@ def preview_one(p: Posted) -> Response:
         return p.redirect(here, "error", explain(exc))
     except REFUSALS as exc:
         return p.redirect(here, "error", f"Preview refused: {explain(exc)}")
-    step = ReplayStep(
+    step = PreviewStep(
         f"/dead-letters/{letter_id}/replay", [("back", back), *carried(p, _ONE_FIELDS)]
     )
     return _shown(p, shown, f"Replaying dead letter {letter_id}", here, step)
